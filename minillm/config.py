@@ -110,3 +110,32 @@ class ModelConfig:
         if self.model_type == "llama":
             d["attention_bias"] = self.attention_bias
         return d
+
+
+@dataclass
+class EngineConfig:
+    """Engine options (vLLM's names). `num_kv_blocks=None` sizes the pool from
+    `kv_cache_memory_bytes` (default: 1 GiB on CPU, 40 % of free memory on CUDA)."""
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int | None = None
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = False
+    device: str | None = None
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        def positive(name):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("block_size", "num_kv_blocks", "kv_cache_memory_bytes", "max_num_seqs",
+                     "max_num_batched_tokens", "max_model_len"):
+            positive(name)
+        if self.dtype not in ("float32", "float16", "bfloat16"):
+            raise ValueError(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
+        if self.device is not None and self.device.split(":")[0] not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda, got {self.device!r}")

@@ -10,3 +10,23 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     finish_reason: str | None        # "stop" (EOS / stop string / stop token), "length", or None while running
+
+
+@dataclass
+class RequestMetrics:
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    num_preemptions: int = 0
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    num_cached_tokens: int = 0       # prompt tokens served from the prefix cache
+    metrics: RequestMetrics | None = None

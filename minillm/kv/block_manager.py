@@ -1,0 +1,146 @@
+"""Lessons 03-04: which blocks each sequence holds, with prefix sharing and copy-on-write.
+
+The verbs the scheduler uses:
+  can_allocate / allocate   give a new sequence blocks for its prompt, reusing cached prefix blocks
+  can_append / append_slots make room for the tokens a step will write, copying shared blocks first
+  fork                      a child sequence shares all its parent's blocks (n > 1 sampling)
+  free                      give a sequence's blocks back (full ones stay cached for reuse)
+
+Invariant: a block's reference count equals the number of block tables that hold it.
+"""
+from __future__ import annotations
+
+from .block_allocator import BlockAllocator
+from .prefix_cache import PrefixCache, block_hash
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 allocator_cls=BlockAllocator, prefix_cache_cls=PrefixCache):
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.block_size = block_size
+        self.allocator = allocator_cls(num_blocks)
+        self.prefix_cache = prefix_cache_cls() if enable_prefix_caching else None
+        self.pending_copies: list[tuple[int, int]] = []     # (src, dst) block copies for copy-on-write
+        self.num_cow_copies = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.allocator.num_free
+
+    # -- new sequences ---------------------------------------------------------------
+    def _prompt_hashes(self, token_ids: list[int]) -> list[bytes]:
+        hashes, parent = [], None
+        for i in range(len(token_ids) // self.block_size):
+            parent = block_hash(parent, token_ids[i * self.block_size:(i + 1) * self.block_size])
+            hashes.append(parent)
+        return hashes
+
+    def _cached_prefix(self, seq) -> tuple[list[bytes], list[int]]:
+        """Hashes of the sequence's full blocks and the cached blocks it can reuse. At
+        least one token is always left to compute: the step that samples the next token
+        must run the model on something, so a fully cached prompt drops its last block."""
+        hashes = self._prompt_hashes(seq.token_ids)
+        if self.prefix_cache is None:
+            return hashes, []
+        cached = self.prefix_cache.lookup(hashes)
+        if len(cached) * self.block_size >= len(seq):
+            cached = cached[:-1]
+        return hashes, cached
+
+    def can_allocate(self, seq) -> bool:
+        _, cached = self._cached_prefix(seq)
+        reclaimed = sum(1 for b in cached if self.allocator.ref_counts[b] == 0)  # free now, taken by us
+        needed = cdiv(len(seq), self.block_size) - len(cached)
+        return needed + reclaimed <= self.allocator.num_free
+
+    def allocate(self, seq) -> None:
+        """Blocks for every token the sequence has now; cached prefix blocks are shared."""
+        assert not seq.block_table, "sequence already holds blocks"
+        hashes, cached = self._cached_prefix(seq)
+        for b in cached:
+            self.allocator.incref(b)
+        seq.block_table = list(cached)
+        seq.block_hashes = hashes[:len(cached)]
+        seq.num_computed_tokens = seq.num_cached_tokens = len(cached) * self.block_size
+        if self.prefix_cache is not None:
+            self.prefix_cache.record(len(seq), seq.num_cached_tokens)
+        while len(seq.block_table) < cdiv(len(seq), self.block_size):
+            seq.block_table.append(self._new_block())
+
+    def _new_block(self) -> int:
+        block = self.allocator.allocate()
+        if self.prefix_cache is not None:
+            self.prefix_cache.forget(block)       # evicted: its old contents are gone
+        return block
+
+    # -- growing ---------------------------------------------------------------------
+    def blocks_needed(self, seq, num_new_tokens: int) -> int:
+        """Blocks a step writing `num_new_tokens` more tokens needs: new ones at the end,
+        plus a private copy of each shared block that will be written."""
+        end = seq.num_computed_tokens + num_new_tokens
+        new = max(0, cdiv(end, self.block_size) - len(seq.block_table))
+        first = seq.num_computed_tokens // self.block_size
+        shared = sum(1 for b in seq.block_table[first:cdiv(end, self.block_size)]
+                     if self.allocator.ref_counts[b] > 1)
+        return new + shared
+
+    def can_append(self, seq, num_new_tokens: int = 1) -> bool:
+        return self.blocks_needed(seq, num_new_tokens) <= self.allocator.num_free
+
+    def append_slots(self, seq, num_new_tokens: int = 1) -> None:
+        """Make the slots of the next `num_new_tokens` positions writable by `seq` alone."""
+        end = seq.num_computed_tokens + num_new_tokens
+        first = seq.num_computed_tokens // self.block_size
+        for i in range(first, min(len(seq.block_table), cdiv(end, self.block_size))):
+            block = seq.block_table[i]
+            if self.allocator.ref_counts[block] > 1:          # shared: copy before writing
+                copy = self._new_block()
+                self.pending_copies.append((block, copy))
+                self.num_cow_copies += 1
+                self.allocator.free(block)
+                seq.block_table[i] = copy
+        while len(seq.block_table) < cdiv(end, self.block_size):
+            seq.block_table.append(self._new_block())
+
+    def mark_computed(self, seq, num_new_tokens: int) -> None:
+        """After a step: advance the sequence and name the blocks that just became full."""
+        seq.num_computed_tokens += num_new_tokens
+        full = seq.num_computed_tokens // self.block_size
+        tokens = seq.token_ids
+        while len(seq.block_hashes) < full:
+            i = len(seq.block_hashes)
+            parent = seq.block_hashes[-1] if seq.block_hashes else None
+            h = block_hash(parent, tokens[i * self.block_size:(i + 1) * self.block_size])
+            seq.block_hashes.append(h)
+            if self.prefix_cache is not None:
+                self.prefix_cache.insert(h, seq.block_table[i])
+
+    # -- sharing and freeing ---------------------------------------------------------
+    def fork(self, parent, child) -> None:
+        """The child shares every block of the parent (copy-on-write happens on write)."""
+        for b in parent.block_table:
+            self.allocator.incref(b)
+        child.block_table = list(parent.block_table)
+        child.block_hashes = list(parent.block_hashes)
+        child.num_computed_tokens = parent.num_computed_tokens
+        child.num_cached_tokens = parent.num_cached_tokens
+
+    def free(self, seq) -> None:
+        """Return the sequence's blocks, last first, so a prefix's first blocks stay
+        cached longest (they are the most shareable)."""
+        for b in reversed(seq.block_table):
+            self.allocator.free(b)
+        seq.block_table = []
+        seq.block_hashes = []
+        seq.num_computed_tokens = 0
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """Block copies the KV cache must perform before the next forward."""
+        copies, self.pending_copies = self.pending_copies, []
+        return copies

@@ -1,0 +1,56 @@
+"""One sequence being generated: its tokens, where its KV lives, how far it got.
+
+A request with n > 1 samples owns n sequences that share the prompt's blocks
+(lesson 04). The scheduler moves sequences between states; the block manager
+fills `block_table`; the runner reads both to lay out a step.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from .sampling import SamplingParams
+from .stopping import StopChecker
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"      # not yet (or no longer) holding KV blocks
+    RUNNING = "running"      # blocks on the device, scheduled every step
+    SWAPPED = "swapped"      # blocks copied out to CPU memory (lesson 06)
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    seq_id: int
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    index: int = 0                                  # which of the request's n samples
+    output_token_ids: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    block_table: list[int] = field(default_factory=list)
+    block_hashes: list[bytes] = field(default_factory=list)   # one per full block
+    num_computed_tokens: int = 0                    # tokens whose K/V are in the cache
+    num_cached_tokens: int = 0                      # prompt tokens found in the prefix cache
+    finish_reason: str | None = None
+    generator: object = None                        # torch.Generator for seeded sampling
+    stopper: StopChecker | None = None
+    priority: int = 0
+    arrival: float = 0.0
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def __len__(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        """Tokens still to feed the model before the next one can be sampled."""
+        return len(self) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is Status.FINISHED

@@ -1,0 +1,138 @@
+"""The course build tool: lessons/ are generated from solutions/ and stay in sync."""
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+from minillm.course import MarkerError, build, check, strip, stub_source
+from minillm.course.__main__ import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+EXERCISE = '''\
+import torch
+
+class Thing:
+    def method(self, x):
+        """Docstring stays."""
+        # BEGIN SOLUTION
+        y = x * 2
+        return y
+        # END SOLUTION
+
+def helper():
+    # BEGIN SOLUTION
+    return 1
+    # END SOLUTION
+'''
+
+EXPECTED_STUB = '''\
+import torch
+
+class Thing:
+    def method(self, x):
+        """Docstring stays."""
+        # YOUR CODE HERE
+        raise NotImplementedError("YOUR CODE HERE")
+
+def helper():
+    # YOUR CODE HERE
+    raise NotImplementedError("YOUR CODE HERE")
+'''
+
+
+def make_course(root: Path, source: str = EXERCISE, outputs: bool = False) -> Path:
+    (root / "solutions").mkdir(parents=True)
+    code = new_code_cell(source, id="exercise")
+    if outputs:
+        code.execution_count = 1
+        code.outputs = [new_output("stream", name="stdout", text="hello\n")]
+    nb = new_notebook(cells=[new_markdown_cell("# Title\n# BEGIN SOLUTION stays in markdown", id="title"),
+                             code, new_code_cell("print('no markers')", id="plain")],
+                      metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                               "language": "python"}})
+    path = root / "solutions" / "00_demo.ipynb"
+    nbformat.write(nb, str(path))
+    return path
+
+
+def test_repo_lessons_are_in_sync():
+    assert check(REPO) == []
+
+
+def test_build_writes_stubs_at_marker_indentation(tmp_path):
+    make_course(tmp_path)
+    written, removed = build(tmp_path)
+    assert [p.name for p in written] == ["00_demo.ipynb"] and removed == []
+    lesson = nbformat.read(str(tmp_path / "lessons" / "00_demo.ipynb"), as_version=4)
+    assert lesson.cells[1].source == EXPECTED_STUB
+    assert lesson.cells[0].source == "# Title\n# BEGIN SOLUTION stays in markdown"
+    assert lesson.cells[2].source == "print('no markers')"
+    assert check(tmp_path) == []
+
+
+def test_build_is_byte_identical_and_clears_outputs(tmp_path):
+    make_course(tmp_path, outputs=True)
+    build(tmp_path)
+    lesson = tmp_path / "lessons" / "00_demo.ipynb"
+    first = lesson.read_bytes()
+    assert build(tmp_path) == ([], [])               # nothing to rewrite
+    assert lesson.read_bytes() == first
+    nb = nbformat.read(str(lesson), as_version=4)
+    assert all(c.outputs == [] and c.execution_count is None for c in nb.cells if c.cell_type == "code")
+
+
+def test_check_fails_on_hand_edited_lesson(tmp_path):
+    make_course(tmp_path)
+    build(tmp_path)
+    lesson = tmp_path / "lessons" / "00_demo.ipynb"
+    nb = nbformat.read(str(lesson), as_version=4)
+    nb.cells[1].source = nb.cells[1].source.replace("raise NotImplementedError", "return 42  #")
+    nbformat.write(nb, str(lesson))
+    problems = check(tmp_path)
+    assert len(problems) == 1 and "lessons/00_demo.ipynb" in problems[0] and "differs" in problems[0]
+    assert main(["check", "--root", str(tmp_path)]) == 1
+    build(tmp_path)
+    assert main(["check", "--root", str(tmp_path)]) == 0
+
+
+def test_check_fails_on_missing_and_extra_lessons(tmp_path):
+    make_course(tmp_path)
+    assert any("missing" in p for p in check(tmp_path))
+    build(tmp_path)
+    extra = tmp_path / "lessons" / "99_orphan.ipynb"
+    extra.write_text((tmp_path / "lessons" / "00_demo.ipynb").read_text())
+    assert any("99_orphan" in p and "no solution" in p for p in check(tmp_path))
+    assert build(tmp_path)[1] == [extra] and not extra.exists()
+
+
+def test_check_fails_on_solution_with_outputs_until_stripped(tmp_path):
+    path = make_course(tmp_path, outputs=True)
+    build(tmp_path)
+    problems = check(tmp_path)
+    assert len(problems) == 1 and "solutions/00_demo.ipynb" in problems[0] and "outputs" in problems[0]
+    assert strip(tmp_path) == [path]
+    assert check(tmp_path) == []
+    assert strip(tmp_path) == []
+    cell = nbformat.read(str(path), as_version=4).cells[1]
+    assert cell.outputs == [] and cell.execution_count is None and "# BEGIN SOLUTION" in cell.source
+
+
+@pytest.mark.parametrize("source, message", [
+    ("x = 1\n# BEGIN SOLUTION\ny = 2\n", "never closed"),
+    ("x = 1\n# END SOLUTION\n", "no '# BEGIN SOLUTION' before it"),
+    ("# BEGIN SOLUTION\n  # BEGIN SOLUTION\n# END SOLUTION\n", "again"),
+])
+def test_unbalanced_markers_raise(source, message):
+    with pytest.raises(MarkerError, match=message):
+        stub_source(source, "somewhere")
+
+
+def test_unbalanced_markers_name_notebook_and_cell(tmp_path, capsys):
+    make_course(tmp_path, source="def f():\n    # BEGIN SOLUTION\n    return 1\n")
+    with pytest.raises(MarkerError, match=r"solutions/00_demo\.ipynb, cell 1 \(id exercise\)"):
+        build(tmp_path)
+    assert not (tmp_path / "lessons").exists()       # nothing half-written
+    assert main(["build", "--root", str(tmp_path)]) == 2
+    assert "00_demo.ipynb, cell 1" in capsys.readouterr().err
