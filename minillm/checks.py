@@ -257,7 +257,7 @@ def check_top_k(fn) -> bool:
         (row, 5, "top_k=5 (the whole vocabulary) on 5 logits"),
         (row, 8, "top_k=8, more than the 5 tokens of the vocabulary (clamp k)"),
         (torch.tensor([2.0, 1.0, 1.0, 0.0]), 2, "top_k=2 on logits [2.0, 1.0, 1.0, 0.0] (a tie at the k-th)"),
-        (_batch(1), 3, "top_k=3 on a [4, 32] batch"),
+        (_batch(1), 3, "top_k=3 on a [4, 32] batch (each row needs its own cutoff: work along dim=-1)"),
         (row, 0, "top_k=0"),
         (_batch(2), -1, "top_k=-1 on a [4, 32] batch"),
     ]
@@ -327,7 +327,7 @@ def check_top_p(fn) -> bool:
         (from_probs(0.3, 0.2, 0.5), 0.01, "top_p=0.01 on probs [0.3, 0.2, 0.5]"),
         (torch.tensor([2.0, NEG_INF, 1.0, NEG_INF, 0.5]), 0.9, "top_p=0.9 on logits [2, -inf, 1, -inf, 0.5]"),
         (from_probs(0.4, 0.3, 0.3), 0.5, "top_p=0.5 on probs [0.4, 0.3, 0.3] (a tie)"),
-        (_batch(3), 0.8, "top_p=0.8 on a [4, 32] batch"),
+        (_batch(3), 0.8, "top_p=0.8 on a [4, 32] batch (each row needs its own cutoff: work along dim=-1)"),
         (_batch(4, vocab=200), 0.95, "top_p=0.95 on a [4, 200] batch"),
         (from_probs(0.6, 0.3, 0.1), 1.0, "top_p=1.0"),
     ]
@@ -532,8 +532,9 @@ def check_generate_naive(fn) -> bool:
                 f"generate_naive ({label}) should call on_token(step, token_id) once after each token, "
                 f"steps counting from 0: expected {expected_calls}, got {seen}")
     again, _ = _run_generate(g, fn, model, tokenizer, cases[-1][0], cases[-1][1], "the same seed again")
-    _expect(list(again.token_ids) == list(ours.token_ids),
-            f"generate_naive: the same seed gave {list(ours.token_ids)} then {list(again.token_ids)}; "
+    first, second = [int(t) for t in ours.token_ids], [int(t) for t in again.token_ids]
+    _expect(first == second,
+            f"generate_naive: the same seed gave {first} then {second}; "
             "make the generator from params.seed inside generate_naive (make_generator(params))")
     return g.passed()
 
@@ -558,8 +559,12 @@ def _check_writes(cache, ref, layer, step, k, v):
                 if torch.allclose(store[r, pos], new[token], atol=1e-6):
                     continue
                 found = _find(store, new[token])
-                where = (f"it sits at (row, position) {found}" if found else
-                         f"{'V was not stored at all (store v as well as k)' if name == 'v' else 'it is nowhere in the cache'}")
+                if found:
+                    where = f"it sits at (row, position) {found}"
+                elif name == "v":
+                    where = "V was not stored at all (store v as well as k)"
+                else:
+                    where = "it is nowhere in the cache"
                 raise AssertionError(
                     f"ContiguousKVCache: after {call}, cache.{name}[{layer}][{r}, {pos}] should hold "
                     f"{name} of token {token} of the flat batch (row rows[{b}]={r}, position start[{b}]+{t}); "
@@ -596,8 +601,9 @@ def _check_attention(cache, ref, out, expected, layer, step, q):
 
 def check_contiguous_cache(cls) -> bool:
     """cls(num_layers, max_batch_size, max_len, num_kv_heads, head_dim, dtype, device), like
-    `kv.contiguous.ContiguousKVCache` (with for_model, set_step, attend, and per-layer k/v
-    lists of [max_batch_size, max_len, num_kv_heads, head_dim] tensors).
+    `kv.contiguous.ContiguousKVCache`: for_model, set_step, attend, per-layer k/v lists of
+    [max_batch_size, max_len, num_kv_heads, head_dim] tensors, and `positions` [rows, T]
+    after set_step (generate_static_batch feeds it to the model).
 
     On a cache pre-filled with garbage: after every attend, this step's k and v sit at
     (rows[b], start[b] + t) of the right layer and no other slot changed; outputs equal

@@ -124,6 +124,10 @@ class EngineConfig:
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = False
+    scheduling_policy: str = "fcfs"       # "fcfs" | "priority" (lower value first)
+    preemption_mode: str = "recompute"    # "recompute" | "swap"
+    swap_space: int | None = None         # CPU blocks for swapping; default: as many as the device pool
+    static_batching: bool = False         # lesson 05 baseline: admit a new batch only when the last is done
     device: str | None = None
     dtype: str = "float32"
 
@@ -133,8 +137,12 @@ class EngineConfig:
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         for name in ("block_size", "num_kv_blocks", "kv_cache_memory_bytes", "max_num_seqs",
-                     "max_num_batched_tokens", "max_model_len"):
+                     "max_num_batched_tokens", "max_model_len", "swap_space"):
             positive(name)
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}")
+        if self.preemption_mode not in ("recompute", "swap"):
+            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
         if self.dtype not in ("float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
         if self.device is not None and self.device.split(":")[0] not in ("cpu", "cuda"):

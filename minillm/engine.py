@@ -3,7 +3,7 @@
     add_request ──► Scheduler ──► BlockManager ──► ModelRunner ──► sample ──► stop checks
 
 `step()` runs one iteration: the scheduler picks who feeds which tokens, the
-block manager's pending copy-on-write copies are applied, the runner does one
+block manager's queued block moves (swap, copy-on-write) are applied, the runner does one
 forward for the whole flat batch, each sampling sequence gets its token, and
 finished sequences hand their blocks back at once.
 """
@@ -54,11 +54,16 @@ class LLMEngine:
         if not config.enable_chunked_prefill and budget < self.max_model_len:
             raise ValueError(f"max_num_batched_tokens={budget} < max_model_len={self.max_model_len}: "
                              "a long prompt could never be scheduled; enable chunked prefill or raise it")
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        swap_blocks = (config.swap_space or num_blocks) if config.preemption_mode == "swap" else 0
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching,
+                                          num_cpu_blocks=swap_blocks)
         self.kv_cache = PagedKVCache.for_model(model, num_blocks, config.block_size)
+        if swap_blocks:
+            self.kv_cache.enable_swap(swap_blocks)
         self.runner = ModelRunner(model, self.kv_cache)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, budget,
-                                   config.enable_chunked_prefill)
+                                   config.enable_chunked_prefill, config.scheduling_policy,
+                                   config.preemption_mode, config.static_batching)
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
         self.eos_token_ids = tokenizer.eos_token_ids if tokenizer is not None else set(cfg.eos_token_ids)
@@ -121,7 +126,7 @@ class LLMEngine:
             self.requests[seq.request_id].metrics.num_preemptions += 1
         if not plan.scheduled:
             return []
-        self.kv_cache.copy_blocks(self.block_manager.take_copies())
+        self.kv_cache.apply(self.block_manager.take_ops())
         now = time.monotonic()
         for seq, _ in plan.scheduled:
             m = self.requests[seq.request_id].metrics
@@ -184,6 +189,8 @@ class LLMEngine:
             "num_preemptions": self.scheduler.num_preemptions,
             "num_recomputed_tokens": self.scheduler.num_recomputed_tokens,
             "num_cow_copies": bm.num_cow_copies,
+            "num_swapped_out_blocks": bm.num_swapped_out_blocks,
+            "num_swapped_in_blocks": bm.num_swapped_in_blocks,
             "prefix_cache_hit_rate": pc.hit_rate if pc else 0.0,
             "kv_blocks_used": bm.allocator.num_blocks - bm.num_free_blocks,
             "kv_blocks_total": bm.allocator.num_blocks,

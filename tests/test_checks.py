@@ -55,6 +55,14 @@ def test_check_rope_passes_reference(capsys):
     assert "✅ check_rope passed" in capsys.readouterr().out
 
 
+def test_check_rope_accepts_the_pairwise_formula():
+    def pairwise(x, cos, sin):
+        x1, x2 = x.chunk(2, dim=-1)
+        c, s = cos.chunk(2, dim=-1)[0], sin.chunk(2, dim=-1)[0]
+        return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+    assert checks.check_rope(pairwise) is True
+
+
 @pytest.mark.parametrize("bad, match", [
     (rope_halves_not_negated, "minus sign"),
     (rope_sin_cos_swapped, "swaps cos and sin"),
@@ -109,6 +117,15 @@ def top_k_in_place(logits, top_k):
 
 def test_check_top_k_passes_reference():
     assert checks.check_top_k(apply_top_k) is True
+
+
+def test_check_top_k_accepts_exactly_k_on_ties():
+    def scatter_top_k(logits, top_k):        # keeps exactly k tokens, one of the tied ones
+        if top_k <= 0 or top_k >= logits.shape[-1]:
+            return logits
+        keep = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, logits.topk(top_k).indices, True)
+        return torch.where(keep, logits, torch.full_like(logits, float("-inf")))
+    assert checks.check_top_k(scatter_top_k) is True
 
 
 @pytest.mark.parametrize("bad, match", [
@@ -168,6 +185,17 @@ def top_p_keeps_one_token_too_many(logits, top_p):
 
 def test_check_top_p_passes_reference():
     assert checks.check_top_p(apply_top_p) is True
+
+
+def test_check_top_p_accepts_another_formulation():
+    def shifted_cumsum(logits, top_p):          # keep while the mass *before* the token is < top_p
+        if top_p == 1.0:
+            return logits
+        probs, order = logits.softmax(-1).sort(dim=-1, descending=True)
+        keep_sorted = (probs.cumsum(-1) - probs) < top_p
+        keep = torch.empty_like(keep_sorted).scatter_(-1, order, keep_sorted)
+        return torch.where(keep, logits, torch.full_like(logits, float("-inf")))
+    assert checks.check_top_p(shifted_cumsum) is True
 
 
 def test_check_top_p_hint_names_the_nucleus():
@@ -240,6 +268,18 @@ def sampler_in_place_temperature(logits, params, generators):
 
 def test_check_sampler_passes_reference():
     assert checks.check_sampler(sample) is True
+
+
+def test_check_sampler_accepts_another_random_stream():
+    def inverse_cdf(logits, params, generators):   # its own draws: not the reference's stream
+        out = logits.argmax(-1)
+        for i, p in enumerate(params):
+            if p.temperature > 0:
+                probs = apply_top_p(apply_top_k(logits[i] / p.temperature, p.top_k), p.top_p).softmax(-1)
+                u = torch.rand((), generator=generators[i])
+                out[i] = min(int(torch.searchsorted(probs.cumsum(-1), u * probs.sum())), len(probs) - 1)
+        return out
+    assert checks.check_sampler(inverse_cdf) is True
 
 
 @pytest.mark.parametrize("bad, match", [
@@ -409,6 +449,41 @@ def test_check_contiguous_cache_passes_an_independent_class():
             return self.inner.attend(layer_idx, q, k, v)
 
     assert checks.check_contiguous_cache(Mine) is True
+
+
+def test_check_contiguous_cache_passes_a_from_scratch_class():
+    class Handwritten:                          # explicit softmax, one row at a time
+        def __init__(self, num_layers, max_batch_size, max_len, num_kv_heads, head_dim, dtype, device):
+            shape = (max_batch_size, max_len, num_kv_heads, head_dim)
+            self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+            self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+        @classmethod
+        def for_model(cls, model, max_batch_size, max_len):
+            c = model.config
+            return cls(c.num_hidden_layers, max_batch_size, max_len, c.num_key_value_heads, c.head_dim,
+                       model.dtype, model.device)
+
+        def set_step(self, rows, start, num_tokens):
+            self.steps = [(r, s) for r, s in zip(rows, start)]
+            self.T = num_tokens
+            self.positions = torch.tensor([[s + t for t in range(num_tokens)] for s in start])
+
+        def attend(self, layer_idx, q, k, v):
+            out = torch.empty_like(q)
+            groups = q.shape[1] // k.shape[1]
+            for b, (row, s) in enumerate(self.steps):
+                for t in range(self.T):
+                    self.k[layer_idx][row, s + t] = k[b * self.T + t]
+                    self.v[layer_idx][row, s + t] = v[b * self.T + t]
+                for t in range(self.T):
+                    keys = self.k[layer_idx][row, :s + t + 1].repeat_interleave(groups, dim=1)
+                    values = self.v[layer_idx][row, :s + t + 1].repeat_interleave(groups, dim=1)
+                    scores = torch.einsum("hd,lhd->hl", q[b * self.T + t], keys) / q.shape[-1] ** 0.5
+                    out[b * self.T + t] = torch.einsum("hl,lhd->hd", scores.softmax(-1), values)
+            return out
+
+    assert checks.check_contiguous_cache(Handwritten) is True
 
 
 @pytest.mark.parametrize("bad, match", [

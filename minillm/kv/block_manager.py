@@ -5,13 +5,24 @@ The verbs the scheduler uses:
   can_append / append_slots make room for the tokens a step will write, copying shared blocks first
   fork                      a child sequence shares all its parent's blocks (n > 1 sampling)
   free                      give a sequence's blocks back (full ones stay cached for reuse)
+  swap_out / swap_in        move a preempted sequence's blocks to CPU memory and back (lesson 06)
 
 Invariant: a block's reference count equals the number of block tables that hold it.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from .block_allocator import BlockAllocator
 from .prefix_cache import PrefixCache, block_hash
+
+
+@dataclass
+class BlockOps:
+    """Moves the KV cache must make before the next forward, as (src, dst) block pairs."""
+    swap_out: list[tuple[int, int]] = field(default_factory=list)   # device -> CPU
+    swap_in: list[tuple[int, int]] = field(default_factory=list)    # CPU -> device
+    copies: list[tuple[int, int]] = field(default_factory=list)     # device -> device (copy-on-write)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -20,14 +31,17 @@ def cdiv(a: int, b: int) -> int:
 
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 allocator_cls=BlockAllocator, prefix_cache_cls=PrefixCache):
+                 num_cpu_blocks: int = 0, allocator_cls=BlockAllocator, prefix_cache_cls=PrefixCache):
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
         self.allocator = allocator_cls(num_blocks)
         self.prefix_cache = prefix_cache_cls() if enable_prefix_caching else None
-        self.pending_copies: list[tuple[int, int]] = []     # (src, dst) block copies for copy-on-write
+        self.cpu_allocator = BlockAllocator(num_cpu_blocks) if num_cpu_blocks else None
+        self.ops = BlockOps()
         self.num_cow_copies = 0
+        self.num_swapped_out_blocks = 0
+        self.num_swapped_in_blocks = 0
 
     @property
     def num_free_blocks(self) -> int:
@@ -101,7 +115,7 @@ class BlockManager:
             block = seq.block_table[i]
             if self.allocator.ref_counts[block] > 1:          # shared: copy before writing
                 copy = self._new_block()
-                self.pending_copies.append((block, copy))
+                self.ops.copies.append((block, copy))
                 self.num_cow_copies += 1
                 self.allocator.free(block)
                 seq.block_table[i] = copy
@@ -140,7 +154,45 @@ class BlockManager:
         seq.block_hashes = []
         seq.num_computed_tokens = 0
 
-    def take_copies(self) -> list[tuple[int, int]]:
-        """Block copies the KV cache must perform before the next forward."""
-        copies, self.pending_copies = self.pending_copies, []
-        return copies
+    # -- swapping (lesson 06) ------------------------------------------------------------
+    def can_swap_out(self, seq) -> bool:
+        return self.cpu_allocator is not None and len(seq.block_table) <= self.cpu_allocator.num_free
+
+    def swap_out(self, seq) -> None:
+        """Copy the sequence's blocks to CPU blocks and free the device ones."""
+        cpu_table = []
+        for b in seq.block_table:
+            c = self.cpu_allocator.allocate()
+            self.ops.swap_out.append((b, c))
+            self.allocator.free(b)
+            cpu_table.append(c)
+        seq.block_table = cpu_table
+        self.num_swapped_out_blocks += len(cpu_table)
+
+    def can_swap_in(self, seq, num_new_tokens: int = 1) -> bool:
+        end = seq.num_computed_tokens + num_new_tokens
+        return max(len(seq.block_table), cdiv(end, self.block_size)) <= self.allocator.num_free
+
+    def swap_in(self, seq) -> None:
+        """Fresh device blocks for the sequence, filled from its CPU blocks."""
+        device_table = []
+        for c in seq.block_table:
+            b = self._new_block()
+            self.ops.swap_in.append((c, b))
+            self.cpu_allocator.free(c)
+            device_table.append(b)
+        seq.block_table = device_table
+        self.num_swapped_in_blocks += len(device_table)
+
+    def free_swapped(self, seq) -> None:
+        """A swapped-out sequence ended: give back its CPU blocks."""
+        for c in seq.block_table:
+            self.cpu_allocator.free(c)
+        seq.block_table = []
+        seq.block_hashes = []
+        seq.num_computed_tokens = 0
+
+    def take_ops(self) -> BlockOps:
+        """The block moves queued since the last call; the engine applies them to the KV cache."""
+        ops, self.ops = self.ops, BlockOps()
+        return ops

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..attention.paged import PagedStep, TorchPagedAttention, write_kv
+from .swap import SwapSpace
 
 
 class PagedKVCache:
@@ -44,6 +45,18 @@ class PagedKVCache:
     def attend(self, layer_idx: int, q, k, v):
         write_kv(self.k[layer_idx], self.v[layer_idx], k, v, self.step.slot_mapping)
         return self.backend.forward(q, self.k[layer_idx], self.v[layer_idx], self.step)
+
+    def enable_swap(self, num_cpu_blocks: int) -> None:
+        self.swap_space = SwapSpace(num_cpu_blocks, self.k + self.v)
+
+    def apply(self, ops) -> None:
+        """Do the block manager's queued moves before the forward, in a safe order:
+        save swapped-out blocks before anyone reuses them, then restore, then copy-on-write."""
+        if ops.swap_out:
+            self.swap_space.copy_out(self.k + self.v, ops.swap_out)
+        if ops.swap_in:
+            self.swap_space.copy_in(self.k + self.v, ops.swap_in)
+        self.copy_blocks(ops.copies)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy-on-write: block dst gets block src's K/V in every layer."""
