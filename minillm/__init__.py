@@ -1,7 +1,10 @@
 """minillm: a small vLLM-style inference engine, built lesson by lesson."""
+from .engine import LLMEngine
+from .llm import LLM
 from .models import DEFAULT_MODEL, load_model, load_tokenizer
-from .outputs import CompletionOutput
+from .outputs import CompletionOutput, RequestOutput
 from .sampling import SamplingParams
 
-__all__ = ["DEFAULT_MODEL", "CompletionOutput", "SamplingParams", "load_model", "load_tokenizer"]
+__all__ = ["DEFAULT_MODEL", "LLM", "LLMEngine", "CompletionOutput", "RequestOutput", "SamplingParams",
+           "load_model", "load_tokenizer"]
 __version__ = "0.1.0"

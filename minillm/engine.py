@@ -15,7 +15,9 @@ import time
 import torch
 
 from .config import EngineConfig
-from .kv.block_manager import BlockManager, cdiv
+from .kv.block_allocator import BlockAllocator
+from .kv.block_manager import BlockManager
+from .kv.prefix_cache import PrefixCache
 from .kv.paged_cache import PagedKVCache
 from .naive import prompt_to_ids
 from .outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -41,7 +43,11 @@ class Request:
 
 
 class LLMEngine:
-    def __init__(self, model, tokenizer, config: EngineConfig | None = None, **options):
+    def __init__(self, model, tokenizer, config: EngineConfig | None = None, *,
+                 allocator_cls=BlockAllocator, prefix_cache_cls=PrefixCache, scheduler_cls=Scheduler,
+                 block_manager_cls=BlockManager, **options):
+        """Options are EngineConfig's fields. The *_cls arguments are the seams where a
+        lesson plugs in the learner's class in place of the reference one."""
         self.config = config = config or EngineConfig(**options)
         self.model, self.tokenizer = model, tokenizer
         cfg = model.config
@@ -55,13 +61,14 @@ class LLMEngine:
             raise ValueError(f"max_num_batched_tokens={budget} < max_model_len={self.max_model_len}: "
                              "a long prompt could never be scheduled; enable chunked prefill or raise it")
         swap_blocks = (config.swap_space or num_blocks) if config.preemption_mode == "swap" else 0
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching,
-                                          num_cpu_blocks=swap_blocks)
+        self.block_manager = block_manager_cls(num_blocks, config.block_size, config.enable_prefix_caching,
+                                               num_cpu_blocks=swap_blocks, allocator_cls=allocator_cls,
+                                               prefix_cache_cls=prefix_cache_cls)
         self.kv_cache = PagedKVCache.for_model(model, num_blocks, config.block_size)
         if swap_blocks:
             self.kv_cache.enable_swap(swap_blocks)
         self.runner = ModelRunner(model, self.kv_cache)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, budget,
+        self.scheduler = scheduler_cls(self.block_manager, config.max_num_seqs, budget,
                                    config.enable_chunked_prefill, config.scheduling_policy,
                                    config.preemption_mode, config.static_batching)
         self.requests: dict[str, Request] = {}
@@ -196,17 +203,27 @@ class LLMEngine:
             "kv_blocks_total": bm.allocator.num_blocks,
         }
 
-    def generate(self, prompts: list, params: SamplingParams | list[SamplingParams] | None = None
-                 ) -> list[RequestOutput]:
-        """Run prompts to completion; outputs in prompt order."""
+    def generate(self, prompts: list, params: SamplingParams | list[SamplingParams] | None = None,
+                 priority: list[int] | None = None, on_finish=None) -> list[RequestOutput]:
+        """Run prompts to completion; outputs in prompt order. `on_finish(output)` is
+        called as each request ends (progress bars hook in here)."""
         params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        if len(params_list) != len(prompts) or (priority is not None and len(priority) != len(prompts)):
+            raise ValueError("sampling params and priorities must be one, or one per prompt")
         base = next(self._seq_ids)
         ids = [f"gen-{base}-{i}" for i in range(len(prompts))]
-        for rid, prompt, p in zip(ids, prompts, params_list):
-            self.add_request(rid, prompt, p)
-        final = {}
-        while self.has_unfinished_requests():
-            for out in self.step():
-                if out.finished:
-                    final[out.request_id] = out
+        try:
+            for i, (rid, prompt, p) in enumerate(zip(ids, prompts, params_list)):
+                self.add_request(rid, prompt, p, priority[i] if priority else 0)
+            final = {}
+            while self.has_unfinished_requests():
+                for out in self.step():
+                    if out.finished:
+                        final[out.request_id] = out
+                        if on_finish is not None:
+                            on_finish(out)
+        except BaseException:
+            for rid in ids:                # a bad prompt or an interrupt: leave nothing behind
+                self.abort_request(rid)
+            raise
         return [final[r] for r in ids]

@@ -81,7 +81,7 @@ class Scheduler:
                 continue
             n = min(seq.num_uncomputed_tokens, budget)
             while not self.bm.can_append(seq, n):
-                victim = self.running[-1]
+                victim = self.pick_victim()
                 self._preempt(victim, out)
                 if victim is seq:
                     break
@@ -126,10 +126,14 @@ class Scheduler:
     def _make_room_for_priority(self, out: SchedulerOutput) -> None:
         """A waiting request that outranks running work takes that work's memory."""
         while self.waiting and self.running:
-            best, worst = self.waiting[0], self.running[-1]
+            best, worst = self.waiting[0], self.pick_victim()
             if worst.priority <= best.priority or self.bm.can_allocate(best):
                 return
             self._preempt(worst, out)
+
+    def pick_victim(self) -> Sequence:
+        """The running sequence to preempt: the lowest ranked (lowest priority, latest arrival)."""
+        return max(self.running, key=self.rank)
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         """Swap the sequence's KV to CPU when asked and there is room; otherwise drop it

@@ -1,0 +1,83 @@
+"""`LLM`: offline batch generation, with vLLM's shape so vLLM users feel at home.
+
+    from minillm import LLM, SamplingParams
+    llm = LLM()                                   # the embedded SmolLM2-135M-Instruct
+    outs = llm.generate(["Hello, my name is"], SamplingParams(temperature=0.8, seed=0))
+    print(outs[0].outputs[0].text)
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from .config import EngineConfig
+from .engine import LLMEngine
+from .models import load_model
+from .outputs import RequestOutput
+from .sampling import SamplingParams
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)}
+
+
+class LLM:
+    def __init__(self, model: str | None = None, *, tokenizer=None, seed: int = 0, **engine_options):
+        """`model`: a name, folder or hub id, or an already loaded model object (then pass
+        `tokenizer` too). Other keyword arguments are EngineConfig's fields, plus the
+        engine's *_cls seams."""
+        unknown = set(engine_options) - _ENGINE_FIELDS - {
+            "allocator_cls", "prefix_cache_cls", "scheduler_cls", "block_manager_cls"}
+        if unknown:
+            raise ValueError(f"unknown engine option(s): {', '.join(sorted(unknown))}; "
+                             f"valid: {', '.join(sorted(_ENGINE_FIELDS))}")
+        classes = {k: engine_options.pop(k) for k in list(engine_options) if k.endswith("_cls")}
+        config = EngineConfig(**engine_options)
+        if model is None or isinstance(model, str):
+            model, tokenizer = load_model(model, device=config.device, dtype=_DTYPES[config.dtype], seed=seed)
+        elif tokenizer is None:
+            raise ValueError("pass the tokenizer along with a loaded model")
+        self.llm_engine = LLMEngine(model, tokenizer, config, **classes)
+        self.tokenizer = tokenizer
+
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 priority: list[int] | None = None, use_tqdm: bool = True) -> list[RequestOutput]:
+        """Prompts: a string, a list of strings, or vLLM-style {"prompt_token_ids": [...]} dicts.
+        One RequestOutput per prompt, in order."""
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        prompts = [self._prompt(p) for p in prompts]
+        on_finish, bar = None, None
+        if use_tqdm and prompts:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=len(prompts), desc="Processed prompts", unit="req", dynamic_ncols=True)
+            generated = [0]
+
+            def on_finish(out: RequestOutput):
+                generated[0] += sum(len(o.token_ids) for o in out.outputs)
+                bar.update(1)
+                bar.set_postfix_str(f"output {generated[0] / max(bar.format_dict['elapsed'], 1e-9):.1f} tok/s")
+        try:
+            return self.llm_engine.generate(prompts, sampling_params, priority, on_finish)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def chat(self, messages, sampling_params=None, use_tqdm: bool = True) -> list[RequestOutput]:
+        """One conversation ([{"role": ..., "content": ...}, ...]) or a list of them."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [{"prompt_token_ids": self.tokenizer.apply_chat_template(c)} for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def stats(self) -> dict:
+        return self.llm_engine.stats()
+
+    @staticmethod
+    def _prompt(p):
+        if isinstance(p, str):
+            return p
+        if isinstance(p, dict) and "prompt_token_ids" in p:
+            return list(p["prompt_token_ids"])
+        if isinstance(p, dict) and "prompt" in p:
+            return p["prompt"]
+        raise ValueError(f"a prompt is a string or a dict with 'prompt_token_ids' or 'prompt', got {p!r:.80}")
