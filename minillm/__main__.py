@@ -1,4 +1,7 @@
-"""Command line: `python -m minillm generate "PROMPT" [--model M] [--chat] ...`."""
+"""Command line:
+    python -m minillm generate "PROMPT" [--model M] [--chat] [--max-tokens N] [--temperature T] [--seed S]
+    python -m minillm bench throughput [--model M] [--num-prompts 64] [--seed 0] [--json FILE] [--quick]
+"""
 from __future__ import annotations
 
 import argparse
@@ -38,6 +41,12 @@ def main(argv=None) -> int:
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     g.set_defaults(func=cmd_generate)
+    b = sub.add_parser("bench", help="benchmarks")
+    bsub = b.add_subparsers(dest="bench", required=True)
+    from .bench import throughput
+    t = bsub.add_parser("throughput", help="offline throughput vs transformers static batching")
+    throughput.add_arguments(t)
+    t.set_defaults(func=lambda a: (throughput.main(a), 0)[1])
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -1,0 +1,116 @@
+"""Offline throughput: minillm's engine vs transformers' padded static batching.
+
+One fixed, seeded workload of mixed prompt and output lengths (EOS ignored, so
+every request produces exactly its output length), run by both on the same model
+and device in one process. transformers pads each batch to its longest prompt and
+runs it until its longest output is done; only the requested tokens count as
+useful output. The ratio is minillm's output tokens/s over the best batch size.
+
+    python -m minillm bench throughput [--model M] [--num-prompts 64] [--seed 0] [--json FILE] [--quick]
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+
+import torch
+
+from ..engine import LLMEngine
+from ..models import load_model
+from ..models.reference import transformers_twin
+from ..sampling import SamplingParams
+
+
+def make_workload(num_prompts: int, seed: int, vocab_size: int, prompt_range=(32, 512),
+                  output_range=(32, 256)) -> list[tuple[list[int], int]]:
+    """(prompt token ids, output length) pairs; token ids avoid the special tokens at the start."""
+    rng = random.Random(seed)
+    return [([rng.randrange(1000, vocab_size) for _ in range(rng.randint(*prompt_range))],
+             rng.randint(*output_range)) for _ in range(num_prompts)]
+
+
+def run_minillm(model, tokenizer, workload, **engine_options) -> dict:
+    engine = LLMEngine(model, tokenizer, **engine_options)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in workload]
+    start = time.perf_counter()
+    outs = engine.generate([p for p, _ in workload], params)
+    elapsed = time.perf_counter() - start
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    assert tokens == sum(n for _, n in workload), "minillm produced the wrong number of tokens"
+    return {"name": "minillm", "seconds": elapsed, "output_tokens": tokens, "tok_per_s": tokens / elapsed,
+            "stats": engine.stats()}
+
+
+@torch.inference_mode()
+def run_transformers_static(hf_model, workload, batch_size: int, device) -> dict:
+    """Padded static batching with transformers' generate, batch by batch in workload order."""
+    hf_model.generation_config.pad_token_id = 0
+    useful, start = 0, time.perf_counter()
+    for i in range(0, len(workload), batch_size):
+        batch = workload[i:i + batch_size]
+        width = max(len(p) for p, _ in batch)
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        mask = torch.zeros(len(batch), width, dtype=torch.long)
+        for row, (p, _) in enumerate(batch):          # left padding: every row ends at the same column
+            ids[row, width - len(p):] = torch.tensor(p)
+            mask[row, width - len(p):] = 1
+        new = max(n for _, n in batch)
+        hf_model.generate(ids.to(device), attention_mask=mask.to(device), max_new_tokens=new,
+                          min_new_tokens=new, do_sample=False, eos_token_id=None,
+                          temperature=None, top_p=None, top_k=None)
+        useful += sum(n for _, n in batch)
+    elapsed = time.perf_counter() - start
+    return {"name": f"transformers static batch {batch_size}", "seconds": elapsed,
+            "output_tokens": useful, "tok_per_s": useful / elapsed}
+
+
+def background_load() -> float:
+    """1-minute load average per core: above ~0.2 means another process shares the CPU."""
+    try:
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:
+        return float("nan")
+
+
+def main(args) -> dict:
+    torch.manual_seed(0)
+    model, tokenizer = load_model(args.model, device=args.device)
+    device = model.device
+    if args.quick:
+        workload = make_workload(args.num_prompts or 8, args.seed, model.config.vocab_size, (16, 64), (8, 32))
+        batch_sizes = [4, 8]
+    else:
+        workload = make_workload(args.num_prompts or 64, args.seed, model.config.vocab_size)
+        batch_sizes = [8, 32]
+    hf = transformers_twin(model).to(device)
+    print(f"workload: {len(workload)} prompts, seed {args.seed}, prompt tokens "
+          f"{sum(len(p) for p, _ in workload)}, output tokens {sum(n for _, n in workload)}, device {device}, "
+          f"load/core at start {background_load():.2f}")
+    results = [run_minillm(model, tokenizer, workload, max_num_seqs=args.max_num_seqs)]
+    for bs in batch_sizes:
+        results.append(run_transformers_static(hf, workload, bs, device))
+    best = max(r["tok_per_s"] for r in results[1:])
+    ratio = results[0]["tok_per_s"] / best
+    print(f"{'engine':<34}{'seconds':>10}{'output tok':>12}{'tok/s':>10}")
+    for r in results:
+        print(f"{r['name']:<34}{r['seconds']:>10.1f}{r['output_tokens']:>12}{r['tok_per_s']:>10.1f}")
+    print(f"ratio minillm / best transformers: {ratio:.2f}x   (load/core at end {background_load():.2f})")
+    report = {"workload": {"num_prompts": len(workload), "seed": args.seed, "quick": args.quick,
+                           "device": str(device)},
+              "results": results, "ratio": ratio}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    return report
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--model", default=None)
+    p.add_argument("--num-prompts", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--device", default=None)
+    p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--quick", action="store_true", help="a small workload for a smoke run")
