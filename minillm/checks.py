@@ -664,3 +664,6 @@ def check_contiguous_cache(cls) -> bool:
                                  f"the reference cache {b.token_ids}: the unit cases pass, so look at "
                                  "for_model (sizes from model.config) and at set_step's positions")
     return g.passed()
+
+
+from .checks_paged import *  # noqa: F401,F403

@@ -54,6 +54,7 @@ class Scheduler:
         self.swapped: list[Sequence] = []
         self.num_preemptions = 0
         self.num_recomputed_tokens = 0
+        self.last_plan = SchedulerOutput()     # kept for lessons and tests to inspect
 
     def rank(self, seq: Sequence) -> tuple:
         """Sort key: who goes first (and, from the end, who is preempted first)."""
@@ -67,7 +68,7 @@ class Scheduler:
         return bool(self.waiting or self.running or self.swapped)
 
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput()
+        self.last_plan = out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         for queue in (self.running, self.swapped, self.waiting):
             queue.sort(key=self.rank)

@@ -13,12 +13,6 @@ import torch
 import torch.nn.functional as F
 
 
-def repeat_kv(x: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """[B, L, Hkv, D] -> [B, L, H, D] by repeating each kv head H/Hkv times (the plain way)."""
-    groups = num_heads // x.shape[2]
-    return x if groups == 1 else x.repeat_interleave(groups, dim=2)
-
-
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      mask: torch.Tensor) -> torch.Tensor:
     """softmax(q k^T / sqrt(D) where mask, else -inf) v  ->  [B, T, H, D]."""

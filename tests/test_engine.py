@@ -1,0 +1,259 @@
+"""The continuous-batching engine under memory pressure: preemption (recompute and swap),
+priorities, chunked prefill, aborts, a soak, and the LLM front end."""
+import random
+
+import pytest
+
+from minillm import LLM, SamplingParams
+from minillm.engine import LLMEngine
+from minillm.models.reference import compare_greedy, reference_greedy
+
+from conftest import get_model
+
+GREEDY = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    return get_model("tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def workload(tiny_llama):
+    model, tokenizer, hf = tiny_llama
+    rng = random.Random(0)
+    shared = tokenizer.encode("A shared system prompt that several requests start with. " * 2)
+    prompts = []
+    for i in range(8):
+        body = [rng.randrange(1000, 40000) for _ in range(rng.randint(3, 40))]
+        prompts.append(shared + body if i % 2 else body)
+    refs = [reference_greedy(hf, p, GREEDY.max_tokens) for p in prompts]
+    return prompts, refs
+
+
+def run_all(engine, prompts, params, priorities=None):
+    for i, p in enumerate(prompts):
+        engine.add_request(str(i), p, params if not isinstance(params, list) else params[i],
+                           priority=priorities[i] if priorities else 0)
+    final, steps = {}, 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                final[out.request_id] = out
+        steps += 1
+        assert steps < 5000, "engine made no progress"
+    return [final[str(i)] for i in range(len(prompts))]
+
+
+def assert_no_leak(engine):
+    bm = engine.block_manager
+    assert bm.num_free_blocks == bm.allocator.num_blocks
+    assert all(c == 0 for c in bm.allocator.ref_counts)
+    if bm.cpu_allocator is not None:
+        assert bm.cpu_allocator.num_free == bm.cpu_allocator.num_blocks
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+@pytest.mark.parametrize("prefix_caching", [False, True])
+@pytest.mark.parametrize("chunked", [False, True])
+def test_greedy_under_preemption_matches_transformers(tiny_llama, workload, mode, prefix_caching, chunked):
+    model, tokenizer, hf = tiny_llama
+    prompts, refs = workload
+    engine = LLMEngine(model, tokenizer, block_size=4, num_kv_blocks=40, max_model_len=120,
+                       preemption_mode=mode, enable_prefix_caching=prefix_caching,
+                       enable_chunked_prefill=chunked, max_num_batched_tokens=24 if chunked else None)
+    outs = run_all(engine, prompts, GREEDY)
+    for p, out, ref in zip(prompts, outs, refs):
+        compare_greedy(hf, p, out.outputs[0].token_ids, ref)
+    stats = engine.stats()
+    assert stats["num_preemptions"] >= 3, stats
+    if mode == "swap":
+        assert stats["num_swapped_out_blocks"] > 0
+        assert stats["num_swapped_out_blocks"] == stats["num_swapped_in_blocks"]
+    assert_no_leak(engine)
+
+
+def test_chunked_prefill_mixes_prefill_and_decode_in_one_step(tiny_llama):
+    model, tokenizer, _ = tiny_llama
+    engine = LLMEngine(model, tokenizer, block_size=4, num_kv_blocks=200, enable_chunked_prefill=True,
+                       max_num_batched_tokens=16, max_model_len=256)
+    engine.add_request("short", list(range(1000, 1005)), GREEDY)
+    engine.step()                                        # prefill of "short"
+    engine.add_request("long", list(range(2000, 2050)), GREEDY)
+    plan_sizes = []
+    for _ in range(3):
+        engine.step()
+        plan_sizes.append(sorted(n for _, n in engine.scheduler.last_plan.scheduled))
+    assert plan_sizes[0] == [1, 15]                      # one decode token + a 15-token chunk
+    assert all(sum(s) <= 16 for s in plan_sizes)
+
+
+def test_priority_request_overtakes_and_preempts(tiny_llama):
+    model, tokenizer, hf = tiny_llama
+    engine = LLMEngine(model, tokenizer, block_size=4, num_kv_blocks=30, max_model_len=100,
+                       scheduling_policy="priority", preemption_mode="swap")
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    for i in range(3):
+        engine.add_request(f"low{i}", [1000 + i] * 20, params, priority=5)
+    for _ in range(3):
+        engine.step()
+    engine.add_request("urgent", [3000] * 40, params, priority=0)
+    finished = []
+    while engine.has_unfinished_requests():
+        finished += [o.request_id for o in engine.step() if o.finished]
+    assert finished[0] == "urgent"
+    assert engine.stats()["num_preemptions"] > 0
+    assert_no_leak(engine)
+
+
+def test_fcfs_finishes_in_arrival_order_for_equal_work(tiny_llama):
+    model, tokenizer, _ = tiny_llama
+    engine = LLMEngine(model, tokenizer, block_size=4, num_kv_blocks=20, max_model_len=60, max_num_seqs=2)
+    prompts = [[1000 + i] * 8 for i in range(6)]
+    order = []
+    for i, p in enumerate(prompts):
+        engine.add_request(str(i), p, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        order += [int(o.request_id) for o in engine.step() if o.finished]
+    assert order == sorted(order)
+
+
+def test_seeded_sampling_same_alone_batched_preempted_swapped(tiny_llama):
+    model, tokenizer, _ = tiny_llama
+    rng = random.Random(3)
+    prompts = [[rng.randrange(1000, 40000) for _ in range(rng.randint(5, 30))] for _ in range(6)]
+    params = [SamplingParams(temperature=4.0, top_p=0.95, seed=100 + i, max_tokens=25, ignore_eos=True)
+              for i in range(6)]
+    alone = [run_all(LLMEngine(model, tokenizer, block_size=4, num_kv_blocks=400), [p], [q])[0]
+             for p, q in zip(prompts, params)]
+    alone = [o.outputs[0].token_ids for o in alone]
+    assert len({tuple(a) for a in alone}) == 6
+    for mode in ("recompute", "swap"):
+        engine = LLMEngine(model, tokenizer, block_size=4, num_kv_blocks=30, max_model_len=100,
+                           preemption_mode=mode)
+        outs = run_all(engine, prompts, params)
+        assert engine.stats()["num_preemptions"] > 0
+        assert [o.outputs[0].token_ids for o in outs] == alone, mode
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_soak_random_requests_with_aborts(tiny_llama, policy):
+    """A few hundred random requests arriving over time, random priorities, some aborted
+    midway, a pool that forces preemption: all others finish and nothing leaks. No
+    starvation: under FCFS requests are first scheduled exactly in arrival order."""
+    model, tokenizer, _ = tiny_llama
+    rng = random.Random(1234)
+    engine = LLMEngine(model, tokenizer, block_size=4, num_kv_blocks=48, max_model_len=96,
+                       scheduling_policy=policy, preemption_mode="swap", swap_space=24,
+                       enable_chunked_prefill=True, max_num_batched_tokens=64, max_num_seqs=16)
+    total, next_id, step = 200, 0, 0
+    arrival, done, aborted, live, first_scheduled, wanted = {}, {}, set(), set(), [], {}
+    while next_id < total or engine.has_unfinished_requests():
+        for _ in range(rng.randint(0, 3)):
+            if next_id < total:
+                rid = str(next_id)
+                prompt = [rng.randrange(1000, 40000) for _ in range(rng.randint(1, 40))]
+                params = SamplingParams(temperature=rng.choice([0, 1.0]), seed=next_id,
+                                        max_tokens=rng.randint(1, 30), ignore_eos=True,
+                                        n=rng.choice([1, 1, 1, 2]))
+                engine.add_request(rid, prompt, params, priority=rng.randint(0, 3))
+                wanted[rid] = (params.n, params.max_tokens)
+                arrival[rid], next_id = step, next_id + 1
+                live.add(rid)
+        if live and rng.random() < 0.08:
+            victim = rng.choice(sorted(live))
+            engine.abort_request(victim)
+            aborted.add(victim)
+            live.discard(victim)
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = step
+                live.discard(out.request_id)
+                n, max_tokens = wanted[out.request_id]
+                assert len(out.outputs) == n
+                assert all(len(o.token_ids) == max_tokens and o.finish_reason == "length" for o in out.outputs)
+        for seq, _ in engine.scheduler.last_plan.scheduled:
+            if seq.request_id not in first_scheduled:
+                first_scheduled.append(seq.request_id)
+        step += 1
+        assert step < 20000, "the soak stopped making progress"
+    assert set(done) | aborted == set(arrival)
+    assert not (set(done) & aborted)
+    assert engine.stats()["num_preemptions"] > 0
+    assert_no_leak(engine)
+    if policy == "fcfs":
+        assert [int(r) for r in first_scheduled] == sorted(int(r) for r in first_scheduled)
+
+
+def test_add_request_refuses_what_can_never_fit(tiny_llama):
+    model, tokenizer, _ = tiny_llama
+    engine = LLMEngine(model, tokenizer, block_size=4, num_kv_blocks=10, max_model_len=200)
+    assert engine.max_model_len == 40                      # capped by the pool: 10 blocks x 4
+    with pytest.raises(ValueError, match="max_model_len"):
+        engine.add_request("big", [1000] * 40, GREEDY)
+    with pytest.raises(ValueError, match="already in use"):
+        engine.add_request("a", [1000] * 5, GREEDY)
+        engine.add_request("a", [1000] * 5, GREEDY)
+    with pytest.raises(ValueError, match="token ids"):
+        engine.add_request("b", [10 ** 9], GREEDY)
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        LLMEngine(model, tokenizer, max_num_batched_tokens=16, max_model_len=64, num_kv_blocks=100)
+
+
+@pytest.mark.parametrize("bad", [{"block_size": 0}, {"scheduling_policy": "lifo"},
+                                 {"preemption_mode": "drop"}, {"dtype": "int8"}, {"device": "tpu"}])
+def test_engine_options_validated(tiny_llama, bad):
+    model, tokenizer, _ = tiny_llama
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        LLMEngine(model, tokenizer, **bad)
+
+
+def test_static_batching_baseline_waits_for_the_whole_batch(tiny_llama):
+    model, tokenizer, hf = tiny_llama
+    engine = LLMEngine(model, tokenizer, block_size=4, num_kv_blocks=100, max_num_seqs=2,
+                       static_batching=True)
+    lens = [2, 12, 3]
+    for i, n in enumerate(lens):
+        engine.add_request(str(i), [1000 + i] * 5, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+    admitted_at = {}
+    step = 0
+    while engine.has_unfinished_requests():
+        engine.step()
+        for seq, _ in engine.scheduler.last_plan.scheduled:
+            admitted_at.setdefault(seq.request_id, step)
+        step += 1
+    assert admitted_at["2"] >= 12             # had to wait for request 1, though request 0 ended at step 2
+
+
+def test_llm_front_end(tiny_llama):
+    model, tokenizer, hf = tiny_llama
+    llm = LLM(model, tokenizer=tokenizer, block_size=8)
+    text = "The capital of France is"
+    outs = llm.generate([text, {"prompt_token_ids": tokenizer.encode(text)}], GREEDY, use_tqdm=False)
+    assert [o.request_id for o in outs] == sorted(o.request_id for o in outs)
+    assert outs[0].prompt == text and outs[1].prompt is None
+    assert outs[0].prompt_token_ids == outs[1].prompt_token_ids == tokenizer.encode(text)
+    assert outs[0].outputs[0].token_ids == outs[1].outputs[0].token_ids
+    compare_greedy(hf, outs[0].prompt_token_ids, outs[0].outputs[0].token_ids,
+                   reference_greedy(hf, outs[0].prompt_token_ids, GREEDY.max_tokens))
+    m = outs[0].metrics
+    assert m.arrival_time <= m.first_token_time <= m.finished_time and m.num_preemptions == 0
+    assert outs[0].outputs[0].finish_reason == "length"
+    stats = llm.stats()
+    for key in ("num_preemptions", "num_swapped_out_blocks", "num_swapped_in_blocks", "num_recomputed_tokens",
+                "prefix_cache_hit_rate", "kv_blocks_used", "kv_blocks_total"):
+        assert key in stats
+    assert stats["kv_blocks_used"] == 0
+    with pytest.raises(ValueError, match="unknown engine option"):
+        LLM(model, tokenizer=tokenizer, block_sise=8)
+    with pytest.raises(ValueError, match="prompt_token_ids"):
+        llm.generate([{"tokens": [1]}], use_tqdm=False)
+
+
+@pytest.mark.slow
+def test_llm_chat_on_embedded_model():
+    llm = LLM(block_size=16, num_kv_blocks=64)
+    outs = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
+                    SamplingParams(temperature=0, max_tokens=20), use_tqdm=False)
+    assert "Paris" in outs[0].outputs[0].text
+    assert outs[0].outputs[0].finish_reason == "stop"
