@@ -19,8 +19,9 @@ def prompt_to_ids(tokenizer, prompt) -> list[int]:
     if isinstance(prompt, str):
         if tokenizer is None:
             raise ValueError("a text prompt needs a tokenizer")
-        return tokenizer.encode(prompt)
-    ids = [int(t) for t in prompt]
+        ids = tokenizer.encode(prompt)
+    else:
+        ids = [int(t) for t in prompt]
     if not ids:
         raise ValueError("the prompt is empty")
     return ids

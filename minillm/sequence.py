@@ -32,7 +32,8 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)   # one per full block
     num_computed_tokens: int = 0                    # tokens whose K/V are in the cache
-    num_cached_tokens: int = 0                      # prompt tokens found in the prefix cache
+    num_cached_tokens: int = 0                      # prompt tokens found in the prefix cache on arrival
+    admitted: bool = False                          # has held blocks before (a preemption re-admits)
     finish_reason: str | None = None
     generator: object = None                        # torch.Generator for seeded sampling
     stopper: StopChecker | None = None

@@ -57,5 +57,5 @@ class BlockAllocator:
             self.free_blocks[block] = None
 
     def _check(self, block: int) -> None:
-        if not isinstance(block, int) or not 0 <= block < self.num_blocks:
+        if not isinstance(block, int) or isinstance(block, bool) or not 0 <= block < self.num_blocks:
             raise ValueError(f"unknown block {block!r}: ids run from 0 to {self.num_blocks - 1}")

@@ -81,9 +81,12 @@ class BlockManager:
             self.allocator.incref(b)
         seq.block_table = list(cached)
         seq.block_hashes = hashes[:len(cached)]
-        seq.num_computed_tokens = seq.num_cached_tokens = len(cached) * self.block_size
-        if self.prefix_cache is not None:
-            self.prefix_cache.record(len(seq), seq.num_cached_tokens)
+        seq.num_computed_tokens = len(cached) * self.block_size
+        if not seq.admitted:              # what the request saved on arrival, not on a recompute
+            seq.admitted = True
+            seq.num_cached_tokens = seq.num_computed_tokens
+            if self.prefix_cache is not None:
+                self.prefix_cache.record(len(seq), seq.num_cached_tokens)
         while len(seq.block_table) < cdiv(len(seq), self.block_size):
             seq.block_table.append(self._new_block())
 
@@ -144,6 +147,7 @@ class BlockManager:
         child.block_hashes = list(parent.block_hashes)
         child.num_computed_tokens = parent.num_computed_tokens
         child.num_cached_tokens = parent.num_cached_tokens
+        child.admitted = True
 
     def free(self, seq) -> None:
         """Return the sequence's blocks, last first, so a prefix's first blocks stay

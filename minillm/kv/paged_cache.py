@@ -50,13 +50,14 @@ class PagedKVCache:
         self.swap_space = SwapSpace(num_cpu_blocks, self.k + self.v)
 
     def apply(self, ops) -> None:
-        """Do the block manager's queued moves before the forward, in a safe order:
-        save swapped-out blocks before anyone reuses them, then restore, then copy-on-write."""
+        """Do the block manager's queued moves before the forward, in a safe order: save
+        swapped-out blocks before anyone reuses them, copy-on-write from blocks that still
+        hold their data, and only then restore swapped-in blocks."""
         if ops.swap_out:
             self.swap_space.copy_out(self.k + self.v, ops.swap_out)
+        self.copy_blocks(ops.copies)
         if ops.swap_in:
             self.swap_space.copy_in(self.k + self.v, ops.swap_in)
-        self.copy_blocks(ops.copies)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy-on-write: block dst gets block src's K/V in every layer."""
