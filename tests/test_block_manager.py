@@ -276,14 +276,15 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.bm.allocate(seq)
         self.count_evictions(before)
         bs = self.bs
-        assert seq.num_computed_tokens == seq.num_cached_tokens
-        assert seq.num_cached_tokens % bs == 0 and seq.num_cached_tokens < len(seq)
+        hit = seq.num_computed_tokens            # cached tokens of this admission
+        assert seq.num_cached_tokens <= len(seq.prompt_token_ids)   # reported hits: first admission only
+        assert hit % bs == 0 and hit < len(seq)
         assert len(seq.block_table) == cdiv(len(seq), bs)
-        for b in seq.block_table[seq.num_cached_tokens // bs:]:
+        for b in seq.block_table[hit // bs:]:
             assert self.bm.allocator.ref_counts[b] == 1, "a fresh block is shared"
         self.read_back(seq)              # a cache hit returns blocks holding exactly this prefix
         self.learn_hashes(seq)
-        if seq.num_cached_tokens:
+        if hit:
             COUNTS["hits"] += 1
         self.live.append(seq)
         return True
