@@ -1,6 +1,7 @@
 """Command line:
     python -m minillm generate "PROMPT" [--model M] [--chat] [--max-tokens N] [--temperature T] [--seed S]
     python -m minillm bench throughput [--model M] [--num-prompts 64] [--seed 0] [--json FILE] [--quick]
+    python -m minillm bench kv-cache [--model M] [--prompt-tokens 256] [--max-tokens 64]
 """
 from __future__ import annotations
 
@@ -43,10 +44,13 @@ def main(argv=None) -> int:
     g.set_defaults(func=cmd_generate)
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench", required=True)
-    from .bench import throughput
+    from .bench import kv_cache, throughput
     t = bsub.add_parser("throughput", help="offline throughput vs transformers static batching")
     throughput.add_arguments(t)
     t.set_defaults(func=lambda a: (throughput.main(a), 0)[1])
+    k = bsub.add_parser("kv-cache", help="naive generation vs the contiguous KV cache")
+    kv_cache.add_arguments(k)
+    k.set_defaults(func=lambda a: (kv_cache.main(a), 0)[1])
     args = parser.parse_args(argv)
     try:
         return args.func(args)

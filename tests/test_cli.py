@@ -42,3 +42,9 @@ def test_bench_throughput_quick_writes_json(tmp_path):
     assert len(useful) == 1                       # everyone produced the same useful tokens
     assert report["ratio"] > 0
     assert "ratio minillm / best transformers" in r.stdout
+
+
+def test_bench_kv_cache_runs_and_agrees():
+    r = run("bench", "kv-cache", "--model", "tiny-llama", "--prompt-tokens", "32", "--max-tokens", "8")
+    assert r.returncode == 0, r.stderr
+    assert "speed-up of the cache" in r.stdout
