@@ -58,7 +58,8 @@ def make_course(root: Path, source: str = EXERCISE, outputs: bool = False) -> Pa
 
 
 def test_repo_lessons_are_in_sync():
-    assert check(REPO) == []
+    problems = check(REPO)
+    assert not problems, "\n".join(problems)
 
 
 def test_build_writes_stubs_at_marker_indentation(tmp_path):
@@ -136,3 +137,37 @@ def test_unbalanced_markers_name_notebook_and_cell(tmp_path, capsys):
     assert not (tmp_path / "lessons").exists()       # nothing half-written
     assert main(["build", "--root", str(tmp_path)]) == 2
     assert "00_demo.ipynb, cell 1" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the repo's notebooks
+
+SOLUTIONS = sorted((REPO / "solutions").glob("[0-9][0-9]_*.ipynb"))
+
+
+def code_cells(path):
+    return [c.source for c in nbformat.read(str(path), as_version=4).cells if c.cell_type == "code"]
+
+
+def python_only(source: str) -> str:
+    """Drop IPython-only lines (magics, shell escapes) so the rest can be compiled."""
+    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.split("\n"))
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name)
+def test_solution_notebook_follows_the_lesson_shape(path):
+    nb = nbformat.read(str(path), as_version=4)
+    assert nb.metadata.kernelspec.name == "python3"
+    cells = code_cells(path)
+    assert any("# BEGIN SOLUTION" in c for c in cells), "an exercise between solution markers"
+    assert any("from minillm.checks import check_" in c for c in cells), "a check cell"
+    assert any('"cuda" if torch.cuda.is_available() else "cpu"' in c for c in cells), "device by availability"
+    assert not any("tqdm" in c for c in cells), "no progress bars in notebooks"
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name)
+def test_solution_and_lesson_cells_compile(path):
+    lesson = REPO / "lessons" / path.name
+    for nb_path in (path, lesson):
+        for i, source in enumerate(code_cells(nb_path)):
+            compile(python_only(source), f"{nb_path.name} cell {i}", "exec")
+    assert not any("# BEGIN SOLUTION" in c or "# END SOLUTION" in c for c in code_cells(lesson))
