@@ -40,7 +40,10 @@ def load_model(name: str | None = None, device: str | None = None,
         folder = resolve_checkpoint(name)
         model = load_checkpoint(folder)
         tokenizer = load_tokenizer_from(folder, model.config.eos_token_ids)
-    return model.to(device=device, dtype=dtype).eval(), tokenizer
+    model = model.to(device=device, dtype=dtype).eval()
+    if model.device.type == "cpu":
+        model.use_column_major_weights()
+    return model, tokenizer
 
 
 def load_tokenizer(name: str | None = None, extra_eos_ids=None) -> Tokenizer:
