@@ -72,7 +72,7 @@ def apply_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     """Keep the smallest set of most likely tokens whose probability reaches top_p."""
     if top_p >= 1.0:
         return logits
-    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)  # ties: lowest id first, like argmax
     probs = sorted_logits.softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs        # probability of strictly better tokens
     drop_sorted = mass_before >= top_p                # the best token always stays

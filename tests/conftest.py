@@ -1,6 +1,11 @@
 """Shared fixtures: models are loaded once per session (the embedded one takes seconds)."""
 import pytest
 import torch
+from hypothesis import settings
+
+# Property tests explore the same examples every run: a failure is reproducible, never flaky.
+settings.register_profile("deterministic", derandomize=True, deadline=None, database=None)
+settings.load_profile("deterministic")
 
 from minillm.models import load_model
 from minillm.models.reference import transformers_twin

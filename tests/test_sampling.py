@@ -132,3 +132,9 @@ def test_stop_reasons_eos_token_and_length():
     assert StopChecker(SamplingParams(max_tokens=5, ignore_eos=True), tok, {0}).check([65, 0]) is None
     assert StopChecker(SamplingParams(max_tokens=5, stop_token_ids=[66]), tok, {0}).check([65, 66]) == "stop"
     assert StopChecker(SamplingParams(max_tokens=2), tok, {0}).check([65, 67]) == "length"
+
+
+def test_top_p_on_tied_logits_keeps_the_argmax():
+    logits = torch.zeros(17)
+    kept = torch.isfinite(apply_top_p(logits, 0.5))
+    assert kept[logits.argmax()] and kept.sum() == 9      # 9/17 >= 0.5 > 8/17
