@@ -125,10 +125,12 @@ class Scheduler:
         return min(heads, key=self.rank) if heads else None
 
     def _make_room_for_priority(self, out: SchedulerOutput) -> None:
-        """A waiting request that outranks running work takes that work's memory."""
+        """A waiting request that outranks running work takes that work's place: its
+        memory, or its seat when max_num_seqs are already running."""
         while self.waiting and self.running:
             best, worst = self.waiting[0], self.pick_victim()
-            if worst.priority <= best.priority or self.bm.can_allocate(best):
+            has_seat = len(self.running) < self.max_num_seqs
+            if worst.priority <= best.priority or (has_seat and self.bm.can_allocate(best)):
                 return
             self._preempt(worst, out)
 

@@ -257,3 +257,21 @@ def test_llm_chat_on_embedded_model():
                     SamplingParams(temperature=0, max_tokens=20), use_tqdm=False)
     assert "Paris" in outs[0].outputs[0].text
     assert outs[0].outputs[0].finish_reason == "stop"
+
+
+def test_priority_request_takes_a_seat_when_max_num_seqs_is_full(tiny_llama):
+    model, tokenizer, _ = tiny_llama
+    engine = LLMEngine(model, tokenizer, block_size=4, num_kv_blocks=400, max_num_seqs=2,
+                       scheduling_policy="priority")
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    for i in range(2):
+        engine.add_request(f"low{i}", [1000 + i] * 10, params, priority=5)
+    engine.step()
+    engine.add_request("urgent", [3000] * 10, params, priority=0)
+    engine.step()
+    assert any(s.request_id == "urgent" for s, _ in engine.scheduler.last_plan.scheduled)
+    assert engine.stats()["num_preemptions"] == 1
+    finished = []
+    while engine.has_unfinished_requests():
+        finished += [o.request_id for o in engine.step() if o.finished]
+    assert finished.index("urgent") < finished.index("low1")   # low1, the latest low, gave up its seat

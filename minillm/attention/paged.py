@@ -30,21 +30,18 @@ class PagedStep:
     query_start: torch.Tensor      # [B + 1]
     seq_lens: torch.Tensor         # [B]
     block_tables: torch.Tensor     # [B, max_blocks]
-    token_seq: torch.Tensor        # [N] which sequence each token belongs to
-    token_offset: torch.Tensor     # [N] index of the token within its sequence's chunk
+    query_starts: list[int]        # query_start as a Python list, read once per step per layer
     max_query_len: int
 
     @classmethod
     def build(cls, block_tables: list[list[int]], starts: list[int], num_new: list[int],
               block_size: int, device="cpu") -> "PagedStep":
         """Sequence b writes num_new[b] tokens at positions starts[b], starts[b]+1, ..."""
-        positions, slots, token_seq, token_offset = [], [], [], []
-        for b, (table, start, n) in enumerate(zip(block_tables, starts, num_new)):
+        positions, slots = [], []
+        for table, start, n in zip(block_tables, starts, num_new):
             pos = list(range(start, start + n))
             positions += pos
             slots += slot_mapping(table, pos, block_size)
-            token_seq += [b] * n
-            token_offset += list(range(n))
         width = max(len(t) for t in block_tables)
         padded = [t + [0] * (width - len(t)) for t in block_tables]
         query_start = [0]
@@ -53,7 +50,7 @@ class PagedStep:
         as_long = lambda x: torch.tensor(x, dtype=torch.long, device=device)
         return cls(as_long(slots), as_long(positions), as_long(query_start),
                    as_long([s + n for s, n in zip(starts, num_new)]), as_long(padded),
-                   as_long(token_seq), as_long(token_offset), max(num_new))
+                   query_start, max(num_new))
 
 
 def slot_mapping(block_table: list[int], positions: list[int], block_size: int) -> list[int]:
@@ -69,21 +66,38 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
 
 
 class TorchPagedAttention:
-    """Reference backend: gather blocks -> padded keys -> masked attention."""
+    """Reference backend: gather blocks -> padded keys -> masked attention.
+
+    Decode tokens (one query per sequence) are batched together; each prefill chunk
+    runs on its own. Padding a decode row to a 500-token prefill chunk would make that
+    step's attention hundreds of times bigger than it needs to be."""
 
     def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 step: PagedStep) -> torch.Tensor:
-        B, T = len(step.seq_lens), step.max_query_len
-        num_blocks_per_seq = step.block_tables.shape[1]
-        L = num_blocks_per_seq * k_cache.shape[1]
-        keys = k_cache[step.block_tables].reshape(B, L, *k_cache.shape[2:])
-        values = v_cache[step.block_tables].reshape(B, L, *v_cache.shape[2:])
-        if T == 1:                                    # pure decode: one query per sequence
-            q_pad, pos_pad = q[:, None], step.positions[:, None]
-        else:
-            q_pad = q.new_zeros(B, T, *q.shape[1:])
-            q_pad[step.token_seq, step.token_offset] = q
-            pos_pad = torch.zeros(B, T, dtype=torch.long, device=q.device)   # pads look at key 0
-            pos_pad[step.token_seq, step.token_offset] = step.positions
-        out = masked_attention(q_pad, keys, values, causal_mask(pos_pad, L))
-        return out[:, 0] if T == 1 else out[step.token_seq, step.token_offset]
+        if step.max_query_len == 1:                   # pure decode
+            return self.attend(q[:, None], k_cache, v_cache, step.block_tables, step.positions[:, None])[:, 0]
+        out = torch.empty_like(q)
+        starts = step.query_starts
+        decode = [b for b in range(len(starts) - 1) if starts[b + 1] - starts[b] == 1]
+        if decode:
+            rows = torch.tensor([starts[b] for b in decode], device=q.device)
+            out[rows] = self.attend(q[rows][:, None], k_cache, v_cache,
+                                    step.block_tables[decode], step.positions[rows][:, None])[:, 0]
+        for b in range(len(starts) - 1):
+            s, e = starts[b], starts[b + 1]
+            if e - s > 1:
+                out[s:e] = self.attend(q[None, s:e], k_cache, v_cache, step.block_tables[b:b + 1],
+                                       step.positions[None, s:e])[0]
+        return out
+
+    @staticmethod
+    def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               block_tables: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """q [B, T, H, D] at `positions` [B, T] attends to its sequence's blocks."""
+        block_size = k_cache.shape[1]
+        num_blocks = int(positions.max()) // block_size + 1      # only the blocks anyone reads
+        tables = block_tables[:, :num_blocks]
+        B, L = tables.shape[0], num_blocks * block_size
+        keys = k_cache[tables].reshape(B, L, *k_cache.shape[2:])
+        values = v_cache[tables].reshape(B, L, *v_cache.shape[2:])
+        return masked_attention(q, keys, values, causal_mask(positions, L))

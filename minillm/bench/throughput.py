@@ -87,15 +87,16 @@ def main(args) -> dict:
     hf = transformers_twin(model).to(device)
     print(f"workload: {len(workload)} prompts, seed {args.seed}, prompt tokens "
           f"{sum(len(p) for p, _ in workload)}, output tokens {sum(n for _, n in workload)}, device {device}, "
-          f"load/core at start {background_load():.2f}")
-    results = [run_minillm(model, tokenizer, workload, max_num_seqs=args.max_num_seqs)]
-    for bs in batch_sizes:
-        results.append(run_transformers_static(hf, workload, bs, device))
+          f"load/core at start {background_load():.2f}", flush=True)
+    print(f"{'engine':<34}{'seconds':>10}{'output tok':>12}{'tok/s':>10}")
+    results = []
+    for run in [lambda: run_minillm(model, tokenizer, workload, max_num_seqs=args.max_num_seqs)] + \
+               [lambda bs=bs: run_transformers_static(hf, workload, bs, device) for bs in batch_sizes]:
+        r = run()
+        results.append(r)
+        print(f"{r['name']:<34}{r['seconds']:>10.1f}{r['output_tokens']:>12}{r['tok_per_s']:>10.1f}", flush=True)
     best = max(r["tok_per_s"] for r in results[1:])
     ratio = results[0]["tok_per_s"] / best
-    print(f"{'engine':<34}{'seconds':>10}{'output tok':>12}{'tok/s':>10}")
-    for r in results:
-        print(f"{r['name']:<34}{r['seconds']:>10.1f}{r['output_tokens']:>12}{r['tok_per_s']:>10.1f}")
     print(f"ratio minillm / best transformers: {ratio:.2f}x   (load/core at end {background_load():.2f})")
     report = {"workload": {"num_prompts": len(workload), "seed": args.seed, "quick": args.quick,
                            "device": str(device)},
