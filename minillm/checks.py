@@ -17,6 +17,9 @@ went wrong and where to look.
 | 01     | check_generate_naive    | minillm.naive.generate_naive           |
 | 02     | check_contiguous_cache  | minillm.kv.contiguous.ContiguousKVCache |
 
+Lessons 03-06 (paged KV, prefix sharing, scheduling, preemption) have their graders in
+`minillm/checks_paged.py`; they are importable from here too.
+
 Every case uses fixed seeds, so a check gives the same verdict every time it runs.
 """
 from __future__ import annotations

@@ -178,7 +178,8 @@ class LlamaForCausalLM(nn.Module):
         """Re-lay every projection weight [out, in] in memory as the transpose of a
         contiguous [in, out] tensor. Same values, shapes and state dict; only the byte
         order changes. Why: on CPU, F.linear reads weights laid out this way 1.5-3x faster
-        at the small batch sizes of decode (measured: F.linear on [32, 576] x [576, 1536] took 0.97 ms row-major, 0.42 ms column-major)."""
+        at the small batch sizes of decode (measured here: [32, 576] x [576, 1536] took
+        0.97 ms row-major, 0.42 ms column-major)."""
         with torch.no_grad():
             for module in self.modules():
                 if isinstance(module, nn.Linear):
