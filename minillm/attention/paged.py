@@ -30,8 +30,10 @@ class PagedStep:
     query_start: torch.Tensor      # [B + 1]
     seq_lens: torch.Tensor         # [B]
     block_tables: torch.Tensor     # [B, max_blocks]
-    query_starts: list[int]        # query_start as a Python list, read once per step per layer
+    query_starts: list[int]        # query_start as a Python list
     max_query_len: int
+    decode_seqs: list[int]         # sequences feeding exactly one token this step
+    decode_rows: torch.Tensor      # [len(decode_seqs)] their tokens' rows in the flat batch
 
     @classmethod
     def build(cls, block_tables: list[list[int]], starts: list[int], num_new: list[int],
@@ -47,10 +49,11 @@ class PagedStep:
         query_start = [0]
         for n in num_new:
             query_start.append(query_start[-1] + n)
+        decode_seqs = [b for b, n in enumerate(num_new) if n == 1]
         as_long = lambda x: torch.tensor(x, dtype=torch.long, device=device)
         return cls(as_long(slots), as_long(positions), as_long(query_start),
                    as_long([s + n for s, n in zip(starts, num_new)]), as_long(padded),
-                   query_start, max(num_new))
+                   query_start, max(num_new), decode_seqs, as_long([query_start[b] for b in decode_seqs]))
 
 
 def slot_mapping(block_table: list[int], positions: list[int], block_size: int) -> list[int]:
@@ -77,12 +80,10 @@ class TorchPagedAttention:
         if step.max_query_len == 1:                   # pure decode
             return self.attend(q[:, None], k_cache, v_cache, step.block_tables, step.positions[:, None])[:, 0]
         out = torch.empty_like(q)
-        starts = step.query_starts
-        decode = [b for b in range(len(starts) - 1) if starts[b + 1] - starts[b] == 1]
-        if decode:
-            rows = torch.tensor([starts[b] for b in decode], device=q.device)
+        starts, rows = step.query_starts, step.decode_rows
+        if step.decode_seqs:
             out[rows] = self.attend(q[rows][:, None], k_cache, v_cache,
-                                    step.block_tables[decode], step.positions[rows][:, None])[:, 0]
+                                    step.block_tables[step.decode_seqs], step.positions[rows][:, None])[:, 0]
         for b in range(len(starts) - 1):
             s, e = starts[b], starts[b + 1]
             if e - s > 1:
