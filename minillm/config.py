@@ -112,6 +112,9 @@ class ModelConfig:
         return d
 
 
+ATTENTION_BACKENDS = ("auto", "torch", "cpu-kernel")
+
+
 @dataclass
 class EngineConfig:
     """Engine options (vLLM's names). `num_kv_blocks=None` sizes the pool from
@@ -128,6 +131,7 @@ class EngineConfig:
     preemption_mode: str = "recompute"    # "recompute" | "swap"
     swap_space: int | None = None         # CPU blocks for swapping; default: as many as the device pool
     static_batching: bool = False         # lesson 05 baseline: admit a new batch only when the last is done
+    attention_backend: str = "auto"       # "auto" (C decode kernel on CPU when it builds) | "torch" | "cpu-kernel"
     device: str | None = None
     dtype: str = "float32"
 
@@ -143,6 +147,8 @@ class EngineConfig:
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}")
         if self.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         if self.dtype not in ("float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
         if self.device is not None and self.device.split(":")[0] not in ("cpu", "cuda"):

@@ -15,6 +15,8 @@ import time
 import torch
 
 from .config import EngineConfig
+from .attention.cpu_paged import CPUPagedAttention, kernel_available
+from .attention.paged import TorchPagedAttention
 from .kv.block_allocator import BlockAllocator
 from .kv.block_manager import BlockManager
 from .kv.prefix_cache import PrefixCache
@@ -42,6 +44,15 @@ class Request:
         return len(self.seqs) == self.params.n and all(s.is_finished for s in self.seqs)
 
 
+def choose_backend(name: str, model):
+    """"auto": the in-place C decode kernel for float32 on CPU when it builds, else the
+    torch reference (same tokens either way; the kernel is faster at decode)."""
+    if name == "auto":
+        fast = model.device.type == "cpu" and model.dtype == torch.float32 and kernel_available()
+        name = "cpu-kernel" if fast else "torch"
+    return CPUPagedAttention() if name == "cpu-kernel" else TorchPagedAttention()
+
+
 class LLMEngine:
     def __init__(self, model, tokenizer, config: EngineConfig | None = None, *,
                  allocator_cls=BlockAllocator, prefix_cache_cls=PrefixCache, scheduler_cls=Scheduler,
@@ -64,7 +75,8 @@ class LLMEngine:
         self.block_manager = block_manager_cls(num_blocks, config.block_size, config.enable_prefix_caching,
                                                num_cpu_blocks=swap_blocks, allocator_cls=allocator_cls,
                                                prefix_cache_cls=prefix_cache_cls)
-        self.kv_cache = PagedKVCache.for_model(model, num_blocks, config.block_size)
+        self.kv_cache = PagedKVCache.for_model(model, num_blocks, config.block_size,
+                                               choose_backend(config.attention_backend, model))
         if swap_blocks:
             self.kv_cache.enable_swap(swap_blocks)
         self.runner = ModelRunner(model, self.kv_cache)
@@ -201,6 +213,7 @@ class LLMEngine:
             "prefix_cache_hit_rate": pc.hit_rate if pc else 0.0,
             "kv_blocks_used": bm.allocator.num_blocks - bm.num_free_blocks,
             "kv_blocks_total": bm.allocator.num_blocks,
+            "attention_backend": self.kv_cache.backend.name,
         }
 
     def generate(self, prompts: list, params: SamplingParams | list[SamplingParams] | None = None,

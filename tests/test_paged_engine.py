@@ -77,13 +77,16 @@ def drain(eng, final=None):
 
 # -- greedy against transformers -------------------------------------------------------------
 
+@pytest.mark.parametrize("backend", ["torch", "cpu-kernel"])
 @pytest.mark.parametrize("prefix_caching", [False, True], ids=["nocache", "prefixcache"])
 @pytest.mark.parametrize("block_size", [1, 3, 16])
-def test_paged_greedy_batch_matches_transformers(tiny, block_size, prefix_caching):
+def test_paged_greedy_batch_matches_transformers(tiny, block_size, prefix_caching, backend):
     model, tokenizer, hf = tiny
     prompts = [tokenizer.encode(p) for p in PROMPTS]          # 4 different lengths, one batch
     assert len({len(p) for p in prompts}) == 4
-    eng = engine(model, tokenizer, block_size, enable_prefix_caching=prefix_caching)
+    eng = engine(model, tokenizer, block_size, enable_prefix_caching=prefix_caching,
+                 attention_backend=backend)
+    assert eng.stats()["attention_backend"] == backend
     outs = eng.generate(prompts, GREEDY)
     for ids, out in zip(prompts, outs):
         assert out.finished and out.prompt_token_ids == ids

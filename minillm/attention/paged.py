@@ -75,21 +75,29 @@ class TorchPagedAttention:
     runs on its own. Padding a decode row to a 500-token prefill chunk would make that
     step's attention hundreds of times bigger than it needs to be."""
 
+    name = "torch"
+
     def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 step: PagedStep) -> torch.Tensor:
         if step.max_query_len == 1:                   # pure decode
-            return self.attend(q[:, None], k_cache, v_cache, step.block_tables, step.positions[:, None])[:, 0]
+            return self.decode(q, k_cache, v_cache, step.block_tables, step.positions)
         out = torch.empty_like(q)
         starts, rows = step.query_starts, step.decode_rows
         if step.decode_seqs:
-            out[rows] = self.attend(q[rows][:, None], k_cache, v_cache,
-                                    step.block_tables[step.decode_seqs], step.positions[rows][:, None])[:, 0]
+            out[rows] = self.decode(q[rows], k_cache, v_cache, step.block_tables[step.decode_seqs],
+                                    step.positions[rows])
         for b in range(len(starts) - 1):
             s, e = starts[b], starts[b + 1]
             if e - s > 1:
                 out[s:e] = self.attend(q[None, s:e], k_cache, v_cache, step.block_tables[b:b + 1],
                                        step.positions[None, s:e])[0]
         return out
+
+    def decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               block_tables: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One query per sequence: q [B, H, D] at positions [B], sequence b's blocks in
+        block_tables[b]. The seam a faster decode kernel replaces (cpu_paged.py)."""
+        return self.attend(q[:, None], k_cache, v_cache, block_tables, positions[:, None])[:, 0]
 
     @staticmethod
     def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -18,6 +18,7 @@ import time
 import torch
 
 from ..engine import LLMEngine
+from .ceiling import matmul_flops_per_second, workload_flops
 from ..models import load_model
 from ..models.reference import transformers_twin
 from ..sampling import SamplingParams
@@ -85,21 +86,28 @@ def main(args) -> dict:
         workload = make_workload(args.num_prompts or 64, args.seed, model.config.vocab_size)
         batch_sizes = [8, 32]
     hf = transformers_twin(model).to(device)
+    ceiling = matmul_flops_per_second(str(device))
+    useful = workload_flops(model.config, workload)
     print(f"workload: {len(workload)} prompts, seed {args.seed}, prompt tokens "
           f"{sum(len(p) for p, _ in workload)}, output tokens {sum(n for _, n in workload)}, device {device}, "
           f"load/core at start {background_load():.2f}", flush=True)
-    print(f"{'engine':<34}{'seconds':>10}{'output tok':>12}{'tok/s':>10}")
+    print(f"compute ceiling (float32 matmul, measured now): {ceiling / 1e9:.0f} GFLOP/s; "
+          f"useful work of the workload: {useful / 1e12:.2f} TFLOP", flush=True)
+    print(f"{'engine':<34}{'seconds':>10}{'output tok':>12}{'tok/s':>10}{'ceiling':>11}")
     results = []
     for run in [lambda: run_minillm(model, tokenizer, workload, max_num_seqs=args.max_num_seqs)] + \
                [lambda bs=bs: run_transformers_static(hf, workload, bs, device) for bs in batch_sizes]:
         r = run()
+        r["fraction_of_ceiling"] = useful / r["seconds"] / ceiling
         results.append(r)
-        print(f"{r['name']:<34}{r['seconds']:>10.1f}{r['output_tokens']:>12}{r['tok_per_s']:>10.1f}", flush=True)
+        print(f"{r['name']:<34}{r['seconds']:>10.1f}{r['output_tokens']:>12}{r['tok_per_s']:>10.1f}"
+              f"{100 * r['fraction_of_ceiling']:>10.0f}%", flush=True)
     best = max(r["tok_per_s"] for r in results[1:])
     ratio = results[0]["tok_per_s"] / best
     print(f"ratio minillm / best transformers: {ratio:.2f}x   (load/core at end {background_load():.2f})")
     report = {"workload": {"num_prompts": len(workload), "seed": args.seed, "quick": args.quick,
                            "device": str(device)},
+              "ceiling_flops_per_s": ceiling, "useful_flops": useful,
               "results": results, "ratio": ratio}
     if args.json:
         with open(args.json, "w") as f:

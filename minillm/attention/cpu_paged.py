@@ -1,0 +1,110 @@
+"""A faster CPU backend: decode attention by a small C kernel that reads blocks in place.
+
+Why: the torch reference gathers every sequence's blocks into a padded tensor before
+attending. At decode, with a few dozen sequences of a few hundred tokens, that copy
+and the padded attention after it took more time than all the model's matmuls
+(measured: 40 sequences of ~300 tokens, SmolLM2 shapes, 2 cores: 5.7 ms per layer
+gathered, 2.2 ms in place). `paged_attention.c` walks each query's block table
+instead, the way a GPU paged-attention kernel does; read it next to this file.
+
+Prefill chunks still go through the reference (gather + SDPA): there the work is
+matmul-shaped and SDPA's blocked kernel beats a per-query loop.
+
+The C file is compiled once with the system C compiler (`cc`, or $CC) into the
+minillm cache and loaded with ctypes. No compiler, or not float32 on CPU: the
+engine uses the torch reference, which gives the same tokens.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from .paged import TorchPagedAttention
+
+SOURCE = Path(__file__).with_name("paged_attention.c")
+# Best first: vectorized for this machine and multi-threaded, then more portable builds.
+FLAG_SETS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-fopenmp"], ["-O3"])
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("MINILLM_CACHE", Path.home() / ".cache" / "minillm")) / "kernels"
+
+
+def _compile(flags: list[str]) -> Path:
+    """Compile SOURCE with these flags into the cache (reused while source and flags match)."""
+    cc = os.environ.get("CC", "cc")
+    code = SOURCE.read_bytes()
+    key = hashlib.sha256(code + " ".join([cc, *flags, sys.platform]).encode()).hexdigest()[:16]
+    target = _cache_dir() / f"paged_attention-{key}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            built = Path(tmp) / target.name
+            subprocess.run([cc, *flags, "-shared", "-fPIC", "-std=c99", str(SOURCE), "-o", str(built), "-lm"],
+                           check=True, capture_output=True, timeout=120)
+            os.replace(built, target)            # atomic: a parallel build never sees half a file
+    return target
+
+
+@functools.cache
+def load_kernel():
+    """The compiled kernel as a ctypes function, or None (with the reason in `load_error`)."""
+    global load_error
+    errors = []
+    for flags in FLAG_SETS:
+        try:
+            lib = ctypes.CDLL(str(_compile(flags)))
+        except (OSError, subprocess.SubprocessError) as e:
+            detail = getattr(e, "stderr", b"") or b""
+            errors.append(f"{' '.join(flags)}: {e} {detail.decode(errors='replace')[-300:]}".strip())
+            continue
+        fn = lib.paged_attention
+        P, I = ctypes.c_void_p, ctypes.c_int
+        fn.argtypes = [P, P, P, P, P, P, I, I, I, I, I, I, ctypes.c_float, I, P]
+        fn.restype = I
+        return fn
+    load_error = "; ".join(errors)
+    return None
+
+
+load_error = ""
+
+
+def kernel_available() -> bool:
+    return load_kernel() is not None
+
+
+class CPUPagedAttention(TorchPagedAttention):
+    """The reference backend with its decode replaced by the in-place C kernel."""
+
+    name = "cpu-kernel"
+
+    def __init__(self):
+        self.kernel = load_kernel()
+        if self.kernel is None:
+            raise RuntimeError(f"the CPU paged-attention kernel could not be built: {load_error}")
+
+    def decode(self, q, k_cache, v_cache, block_tables, positions):
+        if q.device.type != "cpu" or q.dtype != torch.float32 or k_cache.dtype != torch.float32:
+            return super().decode(q, k_cache, v_cache, block_tables, positions)
+        q = q.contiguous()
+        tables = block_tables.contiguous()
+        positions = positions.contiguous()
+        token_seq = torch.arange(q.shape[0], dtype=torch.long)      # query b reads table row b
+        out = torch.empty_like(q)
+        _, block_size, num_kv_heads, head_dim = k_cache.shape
+        failed = self.kernel(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
+                             token_seq.data_ptr(), positions.data_ptr(), q.shape[0], q.shape[1],
+                             num_kv_heads, head_dim, block_size, tables.shape[1], head_dim ** -0.5,
+                             torch.get_num_threads(), out.data_ptr())
+        if failed:
+            raise MemoryError("paged attention kernel: out of memory for its score buffers")
+        return out

@@ -1,0 +1,117 @@
+"""The C paged-attention kernel (attention/paged_attention.c) against the torch reference.
+
+Random block tables (blocks scattered in the pool, never in order), block sizes 1 to 16,
+GQA ratios 1, 3 and 8, lengths from one key to several blocks, and mixed steps where
+decode rows and prefill chunks share a batch. Then the fallback: with no C compiler
+the engine says so and runs the reference.
+"""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from minillm.attention.cpu_paged import CPUPagedAttention, kernel_available, load_error
+from minillm.attention.paged import PagedStep, TorchPagedAttention
+from minillm.config import EngineConfig
+
+
+def test_kernel_builds_where_a_c_compiler_exists():
+    if shutil.which(os.environ.get("CC", "cc")) is None:
+        pytest.skip("no C compiler on this machine: the engine uses the torch reference")
+    assert kernel_available(), load_error
+
+
+needs_kernel = pytest.mark.skipif(not kernel_available(), reason=f"kernel not built: {load_error}")
+
+
+def random_step(gen, seq_lens_before, num_new, block_size, num_blocks):
+    """Block tables drawn at random from the pool, for sequences that had `seq_lens_before`
+    tokens cached and feed `num_new` more."""
+    pool = torch.randperm(num_blocks, generator=gen).tolist()
+    tables = []
+    for before, n in zip(seq_lens_before, num_new):
+        need = -(-(before + n) // block_size)
+        tables.append([pool.pop() for _ in range(need)])
+    return PagedStep.build(tables, seq_lens_before, num_new, block_size)
+
+
+@needs_kernel
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 4, 16), (9, 3, 64), (8, 1, 32)])
+@pytest.mark.parametrize("block_size", [1, 3, 16])
+def test_decode_kernel_matches_reference(heads, kv_heads, head_dim, block_size):
+    gen = torch.Generator().manual_seed(block_size * 100 + heads)
+    num_blocks = 400 // block_size + 64
+    k = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen)
+    v = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen)
+    before = [0, 1, block_size - 1, block_size, 37, 150]   # a lone first token, block edges, many blocks
+    step = random_step(gen, before, [1] * len(before), block_size, num_blocks)
+    q = torch.randn(len(before), heads, head_dim, generator=gen)
+    ours = CPUPagedAttention().forward(q, k, v, step)
+    ref = TorchPagedAttention().forward(q, k, v, step)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(ours[0], ours[-1])              # not one row copied everywhere
+
+
+@needs_kernel
+def test_mixed_step_decode_rows_and_prefill_chunks():
+    """Decode rows go through the kernel and prefill chunks through the reference, in one
+    step; every row must land where the reference puts it."""
+    gen = torch.Generator().manual_seed(7)
+    block_size, num_blocks, heads, kv_heads, d = 4, 128, 6, 2, 16
+    k = torch.randn(num_blocks, block_size, kv_heads, d, generator=gen)
+    v = torch.randn(num_blocks, block_size, kv_heads, d, generator=gen)
+    before, new = [9, 0, 30, 5, 12], [1, 7, 1, 3, 1]
+    step = random_step(gen, before, new, block_size, num_blocks)
+    q = torch.randn(sum(new), heads, d, generator=gen)
+    torch.testing.assert_close(CPUPagedAttention().forward(q, k, v, step),
+                               TorchPagedAttention().forward(q, k, v, step), rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+def test_kernel_reads_only_its_own_blocks():
+    """Poison every block no table names: a kernel that strays outside its table (or past
+    its length in the last block) returns NaN."""
+    gen = torch.Generator().manual_seed(3)
+    block_size, num_blocks, heads, d = 16, 64, 3, 8
+    before = [20, 40]
+    step = random_step(gen, before, [1, 1], block_size, num_blocks)
+    k = torch.full((num_blocks, block_size, 1, d), float("nan"))
+    v = torch.full((num_blocks, block_size, 1, d), float("nan"))
+    for b, table in enumerate(step.block_tables.tolist()):
+        for p in range(before[b] + 1):
+            blk = table[p // block_size]
+            k[blk, p % block_size] = torch.randn(1, d, generator=gen)
+            v[blk, p % block_size] = torch.randn(1, d, generator=gen)
+    q = torch.randn(2, heads, d, generator=gen)
+    out = CPUPagedAttention().forward(q, k, v, step)
+    assert torch.isfinite(out).all()
+    k_ref, v_ref = torch.nan_to_num(k, nan=0.0), torch.nan_to_num(v, nan=0.0)
+    torch.testing.assert_close(out, TorchPagedAttention().forward(q, k_ref, v_ref, step), rtol=1e-5, atol=1e-5)
+
+
+def test_unknown_backend_is_refused():
+    with pytest.raises(ValueError, match="attention_backend"):
+        EngineConfig(attention_backend="flash")
+
+
+def test_without_a_compiler_the_engine_falls_back_to_torch(tmp_path):
+    """A machine with no C compiler (CC points at `false`): "auto" runs the reference and
+    asking for the kernel by name is a clear error."""
+    script = (
+        "from minillm.engine import LLMEngine\n"
+        "from minillm.models import load_model\n"
+        "model, tok = load_model('tiny-llama')\n"
+        "print(LLMEngine(model, tok, num_kv_blocks=32).stats()['attention_backend'])\n"
+        "try:\n"
+        "    LLMEngine(model, tok, num_kv_blocks=32, attention_backend='cpu-kernel')\n"
+        "except RuntimeError as e:\n"
+        "    print('refused:', e)\n")
+    env = dict(os.environ, CC="false", MINILLM_CACHE=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "torch"
+    assert lines[1].startswith("refused: the CPU paged-attention kernel could not be built")
