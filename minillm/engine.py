@@ -202,7 +202,7 @@ class LLMEngine:
                              req.seqs[0].num_cached_tokens, req.metrics)
 
     def stats(self) -> dict:
-        bm = self.block_manager
+        bm, backend = self.block_manager, self.kv_cache.backend
         pc = bm.prefix_cache
         return {
             "num_preemptions": self.scheduler.num_preemptions,
@@ -213,7 +213,7 @@ class LLMEngine:
             "prefix_cache_hit_rate": pc.hit_rate if pc else 0.0,
             "kv_blocks_used": bm.allocator.num_blocks - bm.num_free_blocks,
             "kv_blocks_total": bm.allocator.num_blocks,
-            "attention_backend": self.kv_cache.backend.name,
+            "attention_backend": getattr(backend, "name", type(backend).__name__),
         }
 
     def generate(self, prompts: list, params: SamplingParams | list[SamplingParams] | None = None,

@@ -13,7 +13,8 @@ import sys
 import pytest
 import torch
 
-from minillm.attention.cpu_paged import CPUPagedAttention, kernel_available, load_error
+import minillm.attention.cpu_paged as cpu_paged
+from minillm.attention.cpu_paged import CPUPagedAttention, kernel_available
 from minillm.attention.paged import PagedStep, TorchPagedAttention
 from minillm.config import EngineConfig
 
@@ -21,10 +22,10 @@ from minillm.config import EngineConfig
 def test_kernel_builds_where_a_c_compiler_exists():
     if shutil.which(os.environ.get("CC", "cc")) is None:
         pytest.skip("no C compiler on this machine: the engine uses the torch reference")
-    assert kernel_available(), load_error
+    assert kernel_available(), cpu_paged.load_error
 
 
-needs_kernel = pytest.mark.skipif(not kernel_available(), reason=f"kernel not built: {load_error}")
+needs_kernel = pytest.mark.skipif(not kernel_available(), reason=f"kernel not built: {cpu_paged.load_error}")
 
 
 def random_step(gen, seq_lens_before, num_new, block_size, num_blocks):
@@ -66,6 +67,18 @@ def test_mixed_step_decode_rows_and_prefill_chunks():
     before, new = [9, 0, 30, 5, 12], [1, 7, 1, 3, 1]
     step = random_step(gen, before, new, block_size, num_blocks)
     q = torch.randn(sum(new), heads, d, generator=gen)
+    torch.testing.assert_close(CPUPagedAttention().forward(q, k, v, step),
+                               TorchPagedAttention().forward(q, k, v, step), rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+def test_a_cache_the_kernel_cannot_read_goes_the_reference_way():
+    """A non-contiguous cache (a learner's view, say) must not be read as raw memory."""
+    gen = torch.Generator().manual_seed(11)
+    k = torch.randn(32, 4, 2, 8, 2, generator=gen)[..., 0]        # every other float: not contiguous
+    v = torch.randn(32, 4, 2, 8, 2, generator=gen)[..., 0]
+    step = random_step(gen, [5, 9], [1, 1], 4, 32)
+    q = torch.randn(2, 4, 8, generator=gen)
     torch.testing.assert_close(CPUPagedAttention().forward(q, k, v, step),
                                TorchPagedAttention().forward(q, k, v, step), rtol=1e-5, atol=1e-5)
 

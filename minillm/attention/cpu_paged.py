@@ -20,6 +20,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -38,11 +39,20 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("MINILLM_CACHE", Path.home() / ".cache" / "minillm")) / "kernels"
 
 
+def _this_cpu() -> str:
+    """What -march=native compiled for: a cache shared by different machines must not mix them."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return "".join(line for line in f if line.startswith(("model name", "flags")))[:4000]
+    except OSError:
+        return platform.machine() + platform.processor()
+
+
 def _compile(flags: list[str]) -> Path:
-    """Compile SOURCE with these flags into the cache (reused while source and flags match)."""
+    """Compile SOURCE with these flags into the cache (reused while source, flags and CPU match)."""
     cc = os.environ.get("CC", "cc")
     code = SOURCE.read_bytes()
-    key = hashlib.sha256(code + " ".join([cc, *flags, sys.platform]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(code + " ".join([cc, *flags, sys.platform, _this_cpu()]).encode()).hexdigest()[:16]
     target = _cache_dir() / f"paged_attention-{key}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -93,7 +103,9 @@ class CPUPagedAttention(TorchPagedAttention):
             raise RuntimeError(f"the CPU paged-attention kernel could not be built: {load_error}")
 
     def decode(self, q, k_cache, v_cache, block_tables, positions):
-        if q.device.type != "cpu" or q.dtype != torch.float32 or k_cache.dtype != torch.float32:
+        plain = all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
+                    for t in (k_cache, v_cache)) and q.device.type == "cpu" and q.dtype == torch.float32
+        if not plain:                      # the kernel reads raw float32 memory: anything else goes the reference way
             return super().decode(q, k_cache, v_cache, block_tables, positions)
         q = q.contiguous()
         tables = block_tables.contiguous()
