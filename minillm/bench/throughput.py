@@ -97,11 +97,11 @@ def main(args) -> dict:
           f"load/core at start {background_load():.2f}", flush=True)
     print(f"compute ceiling (float32 matmul, measured now): {ceiling / 1e9:.0f} GFLOP/s; "
           f"useful work of the workload: {useful / 1e12:.2f} TFLOP", flush=True)
-    print(f"{'engine':<34}{'seconds':>10}{'output tok':>12}{'tok/s':>10}{'ceiling':>11}")
-    results = []
     options = dict(max_num_seqs=args.max_num_seqs, enable_chunked_prefill=True,
                    max_num_batched_tokens=args.max_num_batched_tokens)
     print(f"minillm engine options: {options}", flush=True)
+    print(f"{'engine':<34}{'seconds':>10}{'output tok':>12}{'tok/s':>10}{'ceiling':>11}")
+    results = []
     for run in [lambda: run_minillm(model, tokenizer, workload, **options)] + \
                [lambda bs=bs: run_transformers_static(hf, workload, bs, device) for bs in batch_sizes]:
         r = run()
