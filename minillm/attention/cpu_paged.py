@@ -11,75 +11,35 @@ Prefill chunks still go through the reference (gather + SDPA): there the work is
 matmul-shaped and SDPA's blocked kernel beats a per-query loop.
 
 The C file is compiled once with the system C compiler (`cc`, or $CC) into the
-minillm cache and loaded with ctypes. No compiler, or not float32 on CPU: the
+minillm cache and loaded with ctypes (`minillm/native.py`). No compiler, or not float32 on CPU: the
 engine uses the torch reference, which gives the same tokens.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import platform
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
-from ..config import cache_dir
+from ..native import build
 from .paged import TorchPagedAttention
 
 SOURCE = Path(__file__).with_name("paged_attention.c")
-# Best first: vectorized for this machine and multi-threaded, then more portable builds.
-FLAG_SETS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-fopenmp"], ["-O3"])
-
-
-def _this_cpu() -> str:
-    """What -march=native compiled for: a cache shared by different machines must not mix them."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return "".join(line for line in f if line.startswith(("model name", "flags")))[:4000]
-    except OSError:
-        return platform.machine() + platform.processor()
-
-
-def _compile(flags: list[str]) -> Path:
-    """Compile SOURCE with these flags into the cache (reused while source, flags and CPU match)."""
-    cc = os.environ.get("CC", "cc")
-    code = SOURCE.read_bytes()
-    key = hashlib.sha256(code + " ".join([cc, *flags, sys.platform, _this_cpu()]).encode()).hexdigest()[:16]
-    target = cache_dir() / "kernels" / f"paged_attention-{key}.so"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            built = Path(tmp) / target.name
-            subprocess.run([cc, *flags, "-shared", "-fPIC", "-std=c99", str(SOURCE), "-o", str(built), "-lm"],
-                           check=True, capture_output=True, timeout=120)
-            os.replace(built, target)            # atomic: a parallel build never sees half a file
-    return target
 
 
 @functools.cache
 def load_kernel():
     """The compiled kernel as a ctypes function, or None (with the reason in `load_error`)."""
     global load_error
-    errors = []
-    for flags in FLAG_SETS:
-        try:
-            lib = ctypes.CDLL(str(_compile(flags)))
-        except (OSError, subprocess.SubprocessError) as e:
-            detail = getattr(e, "stderr", b"") or b""
-            errors.append(f"{' '.join(flags)}: {e} {detail.decode(errors='replace')[-300:]}".strip())
-            continue
-        fn = lib.paged_attention
-        P, I = ctypes.c_void_p, ctypes.c_int
-        fn.argtypes = [P, P, P, P, P, P, I, I, I, I, I, I, ctypes.c_float, I, P]
-        fn.restype = I
-        return fn
-    load_error = "; ".join(errors)
-    return None
+    lib, load_error = build(SOURCE)
+    if lib is None:
+        return None
+    fn = lib.paged_attention
+    P, I = ctypes.c_void_p, ctypes.c_int
+    fn.argtypes = [P, P, P, P, P, P, I, I, I, I, I, I, ctypes.c_float, I, P]
+    fn.restype = I
+    return fn
 
 
 load_error = ""

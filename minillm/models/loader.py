@@ -16,6 +16,7 @@ import torch
 
 from ..config import ModelConfig
 from ..tokenizer import Tokenizer
+from .cpu_linear import use_panel_linears
 from .embedded import EMBEDDED_NAME, HUB_ID, embedded_checkpoint_dir
 from .llama import LlamaForCausalLM
 from .tiny import TINY_CONFIGS, build_tiny
@@ -42,7 +43,8 @@ def load_model(name: str | None = None, device: str | None = None,
         tokenizer = load_tokenizer_from(folder, model.config.eos_token_ids)
     model = model.to(device=device, dtype=dtype).eval()
     if model.device.type == "cpu":
-        model.use_column_major_weights()
+        model.use_column_major_weights()     # why: see its docstring
+        use_panel_linears(model)             # decode-sized batches: weights packed once (cpu_linear.py)
     return model, tokenizer
 
 
