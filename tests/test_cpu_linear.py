@@ -85,3 +85,15 @@ def test_without_a_compiler_nothing_is_replaced(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "0"
+
+
+@needs_kernel
+def test_a_weight_written_after_packing_is_repacked():
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 64, bias=False)
+    panel = PanelLinear(linear, load_kernel())
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        panel.load_state_dict({"weight": torch.randn(64, 64)})
+    with torch.inference_mode():
+        torch.testing.assert_close(panel(x), F.linear(x, panel.weight), rtol=1e-5, atol=1e-5)

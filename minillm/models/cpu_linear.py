@@ -6,9 +6,10 @@ large matrices (measured in the loaded SmolLM2, 2 cores, 40 rows, all layers:
 gate+up 64 -> 46 ms, down 28 -> 22 ms, output head 34 -> 20 ms). Read the C file
 next to this one.
 
-`PanelLinear` is an nn.Linear (same weight, same state dict) that keeps a second,
-packed copy of its weight and uses it when the batch is small, float32 and on the CPU;
-anything else (prefill chunks, CUDA, other dtypes, no C compiler) goes to F.linear.
+`PanelLinear` holds an nn.Linear's own weight and bias (same state dict) plus a second,
+packed copy of the weight, used when the batch is small, float32 and on the CPU; anything
+else (prefill chunks, CUDA, other dtypes, no C compiler) goes to F.linear. Writing to the
+weight (load_state_dict, an in-place edit) repacks the copy on the next call.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from ..native import build
 
 SOURCE = Path(__file__).with_name("small_batch_linear.c")
 PANEL = 32          # output columns per panel: P in the C file
-MAX_ROWS = 64       # above this MKL's blocked GEMM is as fast (measured: 158 vs 157 GFLOP/s at 128 rows)
+MAX_ROWS = 64       # above this MKL's blocked GEMM is as fast (layer shapes, 128 rows: 158 vs 157 GFLOP/s)
 MIN_WEIGHTS = 1 << 19   # smaller weights stay with MKL: at 40 rows it was faster on SmolLM2's
                         # 576x576 and 192x576 projections, slower on 1536x576, 576x1536 and the head
 
@@ -64,13 +65,26 @@ class PanelLinear(nn.Module):
         self.weight = linear.weight
         self.register_parameter("bias", linear.bias)
         self.register_buffer("panels", pack_panels(linear.weight), persistent=False)
+        self.packed_from = self._weight_identity()
         self.kernel = kernel
+
+    def _weight_identity(self) -> tuple[int, int]:
+        """Changes whenever the weight's values may have: an in-place write bumps _version
+        (a weight made under inference_mode has no version counter; then only its storage counts)."""
+        try:
+            version = self.weight._version
+        except RuntimeError:
+            version = -1
+        return version, self.weight.data_ptr()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         small = (x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.dtype == torch.float32
                  and x.device.type == "cpu" and self.panels.device.type == "cpu")
         if not small:
             return F.linear(x, self.weight, self.bias)
+        if self._weight_identity() != self.packed_from:
+            self.panels = pack_panels(self.weight)
+            self.packed_from = self._weight_identity()
         x = x.contiguous()
         y = torch.empty(x.shape[0], self.out_features, dtype=x.dtype)
         self.kernel(x.data_ptr(), x.shape[0], self.in_features, self.panels.data_ptr(),
