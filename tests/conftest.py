@@ -1,4 +1,8 @@
 """Shared fixtures: models are loaded once per session (the embedded one takes seconds)."""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from hypothesis import settings
@@ -39,3 +43,12 @@ PROMPTS = [
     "Once upon a time, in a small village by the sea, there lived",
     "List three colors:",
 ]
+
+
+def run_without_a_compiler(script: str, cache) -> list[str]:
+    """Run `script` in a fresh Python whose C compiler is `false` and whose minillm cache is
+    empty, as on a machine with no compiler; return its stdout lines (fails on a crash)."""
+    env = dict(os.environ, CC="false", MINILLM_CACHE=str(cache))
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.splitlines()

@@ -7,8 +7,6 @@ the engine says so and runs the reference.
 """
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -17,6 +15,8 @@ import minillm.attention.cpu_paged as cpu_paged
 from minillm.attention.cpu_paged import CPUPagedAttention, kernel_available
 from minillm.attention.paged import PagedStep, TorchPagedAttention
 from minillm.config import EngineConfig
+
+from conftest import run_without_a_compiler
 
 
 def test_kernel_builds_where_a_c_compiler_exists():
@@ -122,9 +122,6 @@ def test_without_a_compiler_the_engine_falls_back_to_torch(tmp_path):
         "    LLMEngine(model, tok, num_kv_blocks=32, attention_backend='cpu-kernel')\n"
         "except RuntimeError as e:\n"
         "    print('refused:', e)\n")
-    env = dict(os.environ, CC="false", MINILLM_CACHE=str(tmp_path))
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
+    lines = run_without_a_compiler(script, tmp_path)
     assert lines[0] == "torch"
     assert lines[1].startswith("refused: the CPU paged-attention kernel could not be built")

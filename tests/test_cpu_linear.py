@@ -1,7 +1,6 @@
 """The small-batch linear kernel (minillm/models/cpu_linear.py) against F.linear."""
 import os
-import subprocess
-import sys
+import shutil
 
 import pytest
 import torch
@@ -11,11 +10,13 @@ from torch import nn
 from minillm.models import cpu_linear
 from minillm.models.cpu_linear import MAX_ROWS, PANEL, PanelLinear, load_kernel, use_panel_linears
 
+from conftest import run_without_a_compiler
+
 needs_kernel = pytest.mark.skipif(load_kernel() is None, reason=f"kernel not built: {cpu_linear.load_error}")
 
 
 def test_kernel_builds_where_a_c_compiler_exists():
-    if subprocess.run(["which", os.environ.get("CC", "cc")], capture_output=True).returncode != 0:
+    if shutil.which(os.environ.get("CC", "cc")) is None:
         pytest.skip("no C compiler on this machine")
     assert load_kernel() is not None, cpu_linear.load_error
 
@@ -81,10 +82,7 @@ def test_without_a_compiler_nothing_is_replaced(tmp_path):
               "from minillm.models.cpu_linear import PanelLinear\n"
               "model, _ = load_model('tiny-llama')\n"
               "print(sum(isinstance(m, PanelLinear) for m in model.modules()))\n")
-    env = dict(os.environ, CC="false", MINILLM_CACHE=str(tmp_path))
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "0"
+    assert run_without_a_compiler(script, tmp_path) == ["0"]
 
 
 @needs_kernel
