@@ -2,6 +2,7 @@
     python -m minillm generate "PROMPT" [--model M] [--chat] [--max-tokens N] [--temperature T] [--seed S]
     python -m minillm bench throughput [--model M] [--num-prompts 64] [--seed 0] [--json FILE] [--quick]
     python -m minillm bench kv-cache [--model M] [--prompt-tokens 256] [--max-tokens 64]
+    python -m minillm serve [--model M] [--host 127.0.0.1] [--port 8000] [--api-key KEY] [engine flags]
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sys
 def cmd_generate(args) -> int:
     import torch
 
-    from .kv.contiguous import generate_with_cache
+    from .static_batch import generate_with_cache
     from .models import load_model
 
     torch.set_grad_enabled(False)
@@ -51,6 +52,10 @@ def main(argv=None) -> int:
     k = bsub.add_parser("kv-cache", help="naive generation vs the contiguous KV cache")
     kv_cache.add_arguments(k)
     k.set_defaults(func=lambda a: (kv_cache.main(a), 0)[1])
+    from .server import cli as serve_cli
+    s = sub.add_parser("serve", help="serve the OpenAI API over HTTP (needs the serve extra)")
+    serve_cli.add_arguments(s)
+    s.set_defaults(func=serve_cli.main)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -6,9 +6,10 @@ screen every number that shapes the model.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
+
+from .attention import backend_names
+from .validate import Validated, check_bool, check_choice, check_int, fail
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -114,19 +115,44 @@ class ModelConfig:
         return d
 
 
-ATTENTION_BACKENDS = ("auto", "torch", "cpu-kernel")
-
-
-def cache_dir() -> Path:
-    """Where minillm keeps what it builds once (the converted embedded model, the compiled
-    CPU kernel): $MINILLM_CACHE, else ~/.cache/minillm."""
-    return Path(os.environ.get("MINILLM_CACHE", Path.home() / ".cache" / "minillm"))
+SCHEDULING_POLICIES = ("fcfs", "priority")      # lesson 05: order by arrival, or by (priority, arrival)
+PREEMPTION_MODES = ("recompute", "swap")        # lesson 06: what a preempted sequence does with its KV
+DTYPES = ("float32", "float16", "bfloat16")
+DEVICES = ("cpu", "cuda")
+DEFAULT_CHUNKED_BUDGET = 2048                   # tokens per step with chunked prefill, as vLLM
 
 
 @dataclass
-class EngineConfig:
-    """Engine options (vLLM's names). `num_kv_blocks=None` sizes the pool from
-    `kv_cache_memory_bytes` (default: 1 GiB on CPU, 40 % of free memory on CUDA)."""
+class SchedulerConfig(Validated):
+    """What the scheduler needs, with every default already resolved by the engine."""
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = DEFAULT_CHUNKED_BUDGET
+    enable_chunked_prefill: bool = True
+    scheduling_policy: str = "fcfs"
+    preemption_mode: str = "recompute"
+    static_batching: bool = False
+
+    def validate(self) -> None:
+        name = "SchedulerConfig"
+        check_int(name, "max_num_seqs", self.max_num_seqs, minimum=1)
+        check_int(name, "max_num_batched_tokens", self.max_num_batched_tokens, minimum=1)
+        check_bool(name, "enable_chunked_prefill", self.enable_chunked_prefill)
+        check_choice(name, "scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
+        check_choice(name, "preemption_mode", self.preemption_mode, PREEMPTION_MODES)
+        check_bool(name, "static_batching", self.static_batching)
+
+
+@dataclass
+class EngineConfig(Validated):
+    """Engine options (vLLM's names), checked strictly on construction and on change.
+
+    `num_kv_blocks=None` sizes the pool from `kv_cache_memory_bytes` (default: 1 GiB on
+    CPU, 40 % of free memory on CUDA). `max_model_len=None` means the model's
+    `max_position_embeddings`, or what the pool holds if that is less; a `max_model_len`
+    that is asked for and cannot be held is refused, never lowered.
+    `max_num_batched_tokens=None`: 2048 with chunked prefill, else max(2048, max_model_len).
+    `device`/`dtype=None`: the model's own (`LLM` loads float32 on the default device).
+    """
     block_size: int = 16
     num_kv_blocks: int | None = None
     kv_cache_memory_bytes: int | None = None
@@ -134,30 +160,42 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = False
+    enable_chunked_prefill: bool = True
     scheduling_policy: str = "fcfs"       # "fcfs" | "priority" (lower value first)
     preemption_mode: str = "recompute"    # "recompute" | "swap"
     swap_space: int | None = None         # CPU blocks for swapping; default: as many as the device pool
     static_batching: bool = False         # lesson 05 baseline: admit a new batch only when the last is done
-    attention_backend: str = "auto"       # "auto" (C decode kernel on CPU when it builds) | "torch" | "cpu-kernel"
+    attention_backend: str = "auto"       # "auto" or a name in minillm.attention.ATTENTION_BACKENDS
     device: str | None = None
-    dtype: str = "float32"
+    dtype: str | None = None
 
-    def __post_init__(self):
-        def positive(name):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("block_size", "num_kv_blocks", "kv_cache_memory_bytes", "max_num_seqs",
-                     "max_num_batched_tokens", "max_model_len", "swap_space"):
-            positive(name)
-        if self.scheduling_policy not in ("fcfs", "priority"):
-            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}")
-        if self.preemption_mode not in ("recompute", "swap"):
-            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
-        if self.attention_backend not in ATTENTION_BACKENDS:
-            raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
-        if self.dtype not in ("float32", "float16", "bfloat16"):
-            raise ValueError(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
-        if self.device is not None and self.device.split(":")[0] not in ("cpu", "cuda"):
-            raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
+    def validate(self) -> None:
+        name = "EngineConfig"
+        for field_name in ("block_size", "max_num_seqs"):
+            check_int(name, field_name, getattr(self, field_name), minimum=1)
+        for field_name in ("num_kv_blocks", "kv_cache_memory_bytes", "max_num_batched_tokens",
+                           "max_model_len", "swap_space"):
+            check_int(name, field_name, getattr(self, field_name), minimum=1, optional=True)
+        for field_name in ("enable_prefix_caching", "enable_chunked_prefill", "static_batching"):
+            check_bool(name, field_name, getattr(self, field_name))
+        check_choice(name, "scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
+        check_choice(name, "preemption_mode", self.preemption_mode, PREEMPTION_MODES)
+        check_choice(name, "attention_backend", self.attention_backend, backend_names())
+        check_choice(name, "dtype", self.dtype, DTYPES, optional=True)
+        if self.device is not None:
+            if not isinstance(self.device, str):
+                fail(name, "device", "'cpu', 'cuda', 'cuda:N' or None", self.device, TypeError)
+            kind, _, index = self.device.partition(":")
+            if kind not in DEVICES or (index and not (kind == "cuda" and index.isdigit())):
+                fail(name, "device", "'cpu', 'cuda', 'cuda:N' or None", self.device)
+
+    def scheduler_config(self, max_model_len: int) -> SchedulerConfig:
+        """The scheduler's settings, with the token budget resolved for this max_model_len."""
+        budget = self.max_num_batched_tokens or (
+            DEFAULT_CHUNKED_BUDGET if self.enable_chunked_prefill else max(DEFAULT_CHUNKED_BUDGET, max_model_len))
+        if not self.enable_chunked_prefill and budget < max_model_len:
+            raise ValueError(f"max_num_batched_tokens={budget} < max_model_len={max_model_len}: a long prompt "
+                             "could never be scheduled; enable chunked prefill, raise max_num_batched_tokens "
+                             "or lower max_model_len")
+        return SchedulerConfig(self.max_num_seqs, budget, self.enable_chunked_prefill, self.scheduling_policy,
+                               self.preemption_mode, self.static_batching)

@@ -8,16 +8,16 @@
 from __future__ import annotations
 
 import dataclasses
-
-import torch
+import threading
 
 from .config import EngineConfig
 from .engine import LLMEngine
 from .models import load_model
+from .models.loader import DTYPES
 from .outputs import RequestOutput
 from .sampling import SamplingParams
+from .tokenizer import check_messages
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)}
 
 
@@ -34,18 +34,24 @@ class LLM:
         classes = {k: engine_options.pop(k) for k in list(engine_options) if k.endswith("_cls")}
         config = EngineConfig(**engine_options)
         if model is None or isinstance(model, str):
-            model, tokenizer = load_model(model, device=config.device, dtype=_DTYPES[config.dtype], seed=seed)
+            model, tokenizer = load_model(model, device=config.device, dtype=DTYPES[config.dtype or "float32"],
+                                          seed=seed)
         elif tokenizer is None:
             raise ValueError("pass the tokenizer along with a loaded model")
         self.llm_engine = LLMEngine(model, tokenizer, config, **classes)
         self.tokenizer = tokenizer
+        self._lock = threading.RLock()     # one call at a time: the engine is not thread-safe
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  priority: list[int] | None = None, use_tqdm: bool = True) -> list[RequestOutput]:
         """Prompts: a string, a list of strings, or vLLM-style {"prompt_token_ids": [...]} dicts.
-        One RequestOutput per prompt, in order."""
+        One RequestOutput per prompt, in order. Calls from several threads run one after
+        another. A request that a fault ended comes back with finish_reason "error" and the
+        message in `.error`; the others are unaffected."""
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
+        if not isinstance(prompts, (list, tuple)):
+            raise TypeError(f"prompts must be a string, a dict or a list of them, got {type(prompts).__name__}")
         prompts = [self._prompt(p) for p in prompts]
         on_finish, bar = None, None
         if use_tqdm and prompts:
@@ -58,14 +64,20 @@ class LLM:
                 bar.update(1)
                 bar.set_postfix_str(f"output {generated[0] / max(bar.format_dict['elapsed'], 1e-9):.1f} tok/s")
         try:
-            return self.llm_engine.generate(prompts, sampling_params, priority, on_finish)
+            with self._lock:
+                return self.llm_engine.generate(prompts, sampling_params, priority, on_finish)
         finally:
             if bar is not None:
                 bar.close()
 
     def chat(self, messages, sampling_params=None, use_tqdm: bool = True) -> list[RequestOutput]:
         """One conversation ([{"role": ..., "content": ...}, ...]) or a list of them."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise TypeError(f"messages must be a conversation (a list of dicts) or a list of them, "
+                            f"got {messages!r:.80}")
+        conversations = [messages] if isinstance(messages[0], dict) else messages
+        for c in conversations:
+            check_messages(c)
         prompts = [{"prompt_token_ids": self.tokenizer.apply_chat_template(c)} for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
@@ -77,7 +89,10 @@ class LLM:
         if isinstance(p, str):
             return p
         if isinstance(p, dict) and "prompt_token_ids" in p:
-            return list(p["prompt_token_ids"])
+            ids = p["prompt_token_ids"]
+            if not isinstance(ids, (list, tuple)):
+                raise TypeError(f"prompt_token_ids must be a list of integers, got {type(ids).__name__}")
+            return list(ids)
         if isinstance(p, dict) and "prompt" in p:
             return p["prompt"]
-        raise ValueError(f"a prompt is a string or a dict with 'prompt_token_ids' or 'prompt', got {p!r:.80}")
+        raise TypeError(f"a prompt is a string or a dict with 'prompt_token_ids' or 'prompt', got {p!r:.80}")

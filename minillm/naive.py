@@ -12,19 +12,7 @@ from .attention import NoCache
 from .outputs import CompletionOutput
 from .sampling import SamplingParams, make_generator, sample
 from .stopping import StopChecker
-
-
-def prompt_to_ids(tokenizer, prompt) -> list[int]:
-    """A prompt is text or a list of token ids."""
-    if isinstance(prompt, str):
-        if tokenizer is None:
-            raise ValueError("a text prompt needs a tokenizer")
-        ids = tokenizer.encode(prompt)
-    else:
-        ids = [int(t) for t in prompt]
-    if not ids:
-        raise ValueError("the prompt is empty")
-    return ids
+from .tokenizer import prompt_to_ids
 
 
 @torch.inference_mode()
@@ -50,8 +38,12 @@ def generate_naive(model, tokenizer, prompt, params: SamplingParams | None = Non
     generator = make_generator(params, model.device)
     output: list[int] = []
     while True:
-        logits = next_token_logits_naive(model, prompt_ids + output)
-        token = int(sample(logits[None], [params], [generator])[0])
+        ids = prompt_ids + output
+        input_ids = torch.tensor(ids, device=model.device)
+        positions = torch.arange(len(ids), device=model.device)
+        hidden = model(input_ids, positions, NoCache([len(ids)]))
+        logits = model.compute_logits(hidden[-1:])              # [1, V]
+        token = int(sample(logits, [params], [generator])[0])
         output.append(token)
         if on_token is not None:
             on_token(len(output) - 1, token)

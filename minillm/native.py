@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .config import cache_dir
+from .paths import cache_dir
 
 # Best first: vectorized for this machine and multi-threaded, then more portable builds.
 FLAG_SETS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-fopenmp"], ["-O3"])

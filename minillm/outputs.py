@@ -9,7 +9,16 @@ class CompletionOutput:
     index: int                       # which of the n samples
     text: str
     token_ids: list[int]
-    finish_reason: str | None        # "stop" (EOS / stop string / stop token), "length", or None while running
+    finish_reason: str | None        # "stop" (EOS / stop string / stop token), "length", "abort",
+                                     # "error" (a fault ended the request), or None while running
+    logprobs: list[dict] | None = None   # per token {token_id: Logprob}, with SamplingParams(logprobs=k)
+
+    @property
+    def cumulative_logprob(self) -> float | None:
+        """Sum of the generated tokens' logprobs (None without logprobs)."""
+        if self.logprobs is None:
+            return None
+        return sum(step[t].logprob for step, t in zip(self.logprobs, self.token_ids))
 
 
 @dataclass
@@ -30,3 +39,4 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0       # prompt tokens served from the prefix cache
     metrics: RequestMetrics | None = None
+    error: str | None = None         # why the request ended with finish_reason "error"

@@ -6,50 +6,70 @@ tokens do not depend on what else shares the batch (lesson 01, and the engine).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import hashlib
+from dataclasses import dataclass
 
 import torch
 
+from .logprobs import MAX_LOGPROBS
+from .validate import Validated, check_bool, check_int, check_number, fail, is_int
+
+
+MIN_TEMPERATURE = 1e-2     # vLLM's floor: 0 < T < 0.01 is raised to 0.01 (below it logits / T overflow)
+MAX_SEED = 2**64 - 1       # torch generators take 64-bit seeds
+
 
 @dataclass
-class SamplingParams:
+class SamplingParams(Validated):
+    """How to pick each token (vLLM's names). Checked strictly on construction and again
+    whenever a field is assigned, so a bad value is refused before it reaches a step."""
     n: int = 1                        # parallel samples per prompt (copy-on-write, lesson 04)
     max_tokens: int = 16              # generated tokens at most
     temperature: float = 1.0          # 0 means greedy
     top_k: int = 0                    # keep the k most likely tokens; 0 or -1: all
     top_p: float = 1.0                # keep the smallest set with this much probability
-    seed: int | None = None           # per-request seed: reproducible whatever the batch
+    seed: int | None = None           # per-request seed in [0, 2**64): reproducible whatever the batch
     stop: list[str] | str | None = None       # strings that end generation (not shown in text)
     stop_token_ids: list[int] | None = None   # token ids that end generation
     ignore_eos: bool = False          # keep going after EOS (benchmarks)
+    logprobs: int | None = None       # report the sampled token's logprob and the top k (minillm/logprobs.py)
 
-    def __post_init__(self):
-        def bad(name, allowed):
-            raise ValueError(f"SamplingParams.{name} must be {allowed}, got {getattr(self, name)!r}")
-        if not isinstance(self.n, int) or self.n < 1:
-            bad("n", "an integer >= 1")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            bad("max_tokens", "an integer >= 1")
-        if not isinstance(self.temperature, (int, float)) or not 0 <= self.temperature <= 100:
-            bad("temperature", "a number in [0, 100] (0 = greedy)")
-        if not isinstance(self.top_k, int) or (self.top_k < 1 and self.top_k not in (0, -1)):
-            bad("top_k", "an integer >= 1, or 0 / -1 to disable")
-        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
-            bad("top_p", "a number in (0, 1]")
-        if self.seed is not None and not isinstance(self.seed, int):
-            bad("seed", "an integer or None")
-        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        if not all(isinstance(s, str) and s for s in stops):
-            bad("stop", "a non-empty string or a list of non-empty strings")
-        self.stop = stops
-        ids = list(self.stop_token_ids or [])
-        if not all(isinstance(t, int) and t >= 0 for t in ids):
-            bad("stop_token_ids", "a list of non-negative integers")
-        self.stop_token_ids = ids
+    def validate(self) -> None:
+        name = "SamplingParams"
+        check_int(name, "n", self.n, minimum=1)
+        check_int(name, "max_tokens", self.max_tokens, minimum=1)
+        check_number(name, "temperature", self.temperature, "a number in [0, 100] (0 = greedy)",
+                     lambda t: 0 <= t <= 100)
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            object.__setattr__(self, "temperature", MIN_TEMPERATURE)
+        check_int(name, "top_k", self.top_k, minimum=-1)
+        check_number(name, "top_p", self.top_p, "a number in (0, 1]", lambda p: 0 < p <= 1)
+        check_int(name, "seed", self.seed, minimum=0, maximum=MAX_SEED, optional=True)
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop
+        if stops is None:
+            stops = []
+        if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) and s for s in stops):
+            fail(name, "stop", "a non-empty string or a list of non-empty strings", self.stop, TypeError)
+        object.__setattr__(self, "stop", list(stops))
+        ids = [] if self.stop_token_ids is None else self.stop_token_ids
+        if not isinstance(ids, (list, tuple)) or not all(is_int(t) and t >= 0 for t in ids):
+            fail(name, "stop_token_ids", "a list of non-negative integers", self.stop_token_ids, TypeError)
+        object.__setattr__(self, "stop_token_ids", list(ids))
+        check_bool(name, "ignore_eos", self.ignore_eos)
+        check_int(name, "logprobs", self.logprobs, minimum=0, maximum=MAX_LOGPROBS, optional=True)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """The seed of the index-th of n parallel samples. Sample 0 uses the request's seed
+    itself (so n=1 matches lesson 01's loop); the others take 64 bits of a hash of
+    (seed, index): never out of range, and unrelated to any other request's seed + 1."""
+    if index == 0:
+        return seed
+    return int.from_bytes(hashlib.sha256(f"{seed}/{index}".encode()).digest()[:8], "little")
 
 
 def make_generator(params: SamplingParams, device="cpu", offset: int = 0) -> torch.Generator | None:
@@ -57,7 +77,7 @@ def make_generator(params: SamplingParams, device="cpu", offset: int = 0) -> tor
     `offset` gives the i-th of n parallel samples its own stream."""
     if params.seed is None:
         return None
-    return torch.Generator(device=device).manual_seed(params.seed + offset)
+    return torch.Generator(device=device).manual_seed(sample_seed(params.seed, offset))
 
 
 def apply_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:

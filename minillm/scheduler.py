@@ -6,7 +6,7 @@ Every step the scheduler decides, from scratch, who runs:
      running sequence is preempted — swapped to CPU or dropped for recompute;
   2. if nobody was preempted, sequences are brought in, best ranked first:
      swapped ones back from CPU, waiting ones new, while the token budget, the
-     sequence budget and free blocks allow.
+     seats (max_num_seqs; a request with n samples takes n) and free blocks allow.
 Under the priority policy a waiting request that outranks running work may
 preempt it to get in.
 A finished sequence leaves at once and its place is taken in the very next step.
@@ -19,11 +19,9 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+from .config import SchedulerConfig
 from .kv.block_manager import BlockManager
 from .sequence import Sequence, Status
-
-POLICIES = ("fcfs", "priority")
-PREEMPTION_MODES = ("recompute", "swap")
 
 
 @dataclass
@@ -31,24 +29,23 @@ class SchedulerOutput:
     scheduled: list[tuple[Sequence, int]] = field(default_factory=list)   # (sequence, tokens to feed)
     preempted: list[Sequence] = field(default_factory=list)
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(n for _, n in self.scheduled)
+
+def seats(seq: Sequence) -> int:
+    """Seats (of max_num_seqs) a sequence takes: a request with n > 1 samples reserves
+    all n while its prompt runs, because it forks into n sequences once it is done."""
+    return seq.params.n if seq.index == 0 and not seq.output_token_ids else 1
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 enable_chunked_prefill: bool = False, policy: str = "fcfs",
-                 preemption_mode: str = "recompute", static_batching: bool = False):
-        if policy not in POLICIES:
-            raise ValueError(f"scheduling_policy must be one of {POLICIES}, got {policy!r}")
-        if preemption_mode not in PREEMPTION_MODES:
-            raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {preemption_mode!r}")
+    def __init__(self, block_manager: BlockManager, config: SchedulerConfig | None = None):
+        config = config or SchedulerConfig()
         self.bm = block_manager
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.chunked = enable_chunked_prefill
-        self.policy, self.preemption_mode, self.static = policy, preemption_mode, static_batching
+        self.config = config
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.chunked = config.enable_chunked_prefill
+        self.policy, self.preemption_mode = config.scheduling_policy, config.preemption_mode
+        self.static = config.static_batching
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.swapped: list[Sequence] = []
@@ -64,8 +61,15 @@ class Scheduler:
         seq.status = Status.WAITING
         self.waiting.append(seq)
 
-    def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running or self.swapped)
+    def add_fork(self, parent: Sequence, child: Sequence) -> None:
+        """A running parent forked a child (n > 1): it shares the parent's blocks and
+        runs from the next step, in one of the seats the parent reserved."""
+        self.bm.fork(parent, child)
+        child.status = Status.RUNNING
+        self.running.append(child)
+
+    def seats_taken(self) -> int:
+        return sum(seats(s) for s in self.running)
 
     def schedule(self) -> SchedulerOutput:
         self.last_plan = out = SchedulerOutput()
@@ -93,24 +97,21 @@ class Scheduler:
         if len(out.preempted) > preempted_before or (self.static and not was_idle):
             return out                     # memory is short (or the static batch is still running)
         # 2. bring sequences in, best ranked first: swapped ones back, waiting ones new
-        while budget > 0 and len(self.running) < self.max_num_seqs:
+        while budget > 0:
             seq = self._next_candidate()
-            if seq is None:
+            if seq is None or self.seats_taken() + seats(seq) > self.max_num_seqs:
                 break
-            n = min(seq.num_uncomputed_tokens, budget)
             if seq.status is Status.SWAPPED:
+                n = min(seq.num_uncomputed_tokens, budget)
                 if not self.bm.can_swap_in(seq, n):
                     break
                 self.swapped.remove(seq)
                 self.bm.swap_in(seq)
             else:
-                if not self.bm.can_allocate(seq):
-                    break
+                n = self.bm.num_tokens_to_compute(seq)     # cached prefix blocks need no feeding
+                if (n > budget and not self.chunked) or not self.bm.can_allocate(seq):
+                    break                  # checked before allocating: nothing to undo
                 self.bm.allocate(seq)
-                n = seq.num_uncomputed_tokens
-                if n > budget and not self.chunked:
-                    self.bm.free(seq)      # does not fit this step; undo (cached blocks stay cached)
-                    break
                 n = min(n, budget)
                 self.waiting.remove(seq)
             self.bm.append_slots(seq, n)
@@ -129,7 +130,7 @@ class Scheduler:
         memory, or its seat when max_num_seqs are already running."""
         while self.waiting and self.running:
             best, worst = self.waiting[0], self.pick_victim()
-            has_seat = len(self.running) < self.max_num_seqs
+            has_seat = self.seats_taken() + seats(best) <= self.max_num_seqs
             if worst.priority <= best.priority or (has_seat and self.bm.can_allocate(best)):
                 return
             self._preempt(worst, out)

@@ -39,6 +39,7 @@ class Sequence:
     stopper: StopChecker | None = None
     priority: int = 0
     arrival: float = 0.0
+    logprobs: list[dict] | None = None              # per generated token, when params.logprobs is set
 
     @property
     def token_ids(self) -> list[int]:

@@ -48,3 +48,43 @@ def test_bench_kv_cache_runs_and_agrees():
     r = run("bench", "kv-cache", "--model", "tiny-llama", "--prompt-tokens", "32", "--max-tokens", "8")
     assert r.returncode == 0, r.stderr
     assert "speed-up of the cache" in r.stdout
+
+
+def test_serve_prints_its_url_and_answers_with_the_key_from_the_environment():
+    import os
+    import re
+    import signal
+
+    import httpx
+
+    env = dict(os.environ, MINILLM_API_KEY="k123")
+    proc = subprocess.Popen([sys.executable, "-m", "minillm", "serve", "--model", "tiny-llama", "--port", "0",
+                             "--num-kv-blocks", "64", "--max-model-len", "256", "--no-enable-prefix-caching"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        lines = []
+        for line in proc.stdout:               # blocks until the server says it is ready
+            lines.append(line)
+            url = re.search(r"serving on (http://127\.0\.0\.1:\d+)", line)
+            if url:
+                break
+        assert url, "".join(lines)
+        url = url.group(1)
+        assert httpx.get(url + "/v1/models").status_code == 401
+        auth = {"Authorization": "Bearer k123"}
+        (card,) = httpx.get(url + "/v1/models", headers=auth).json()["data"]
+        assert card["id"] == "tiny-llama" and card["max_model_len"] == 256
+        r = httpx.post(url + "/v1/completions", headers=auth, timeout=60,
+                       json={"prompt": "Hello", "max_tokens": 3, "temperature": 0}).json()
+        assert r["usage"]["completion_tokens"] == 3
+    finally:
+        proc.send_signal(signal.SIGINT)            # Ctrl-C
+        rest = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0
+    assert "Finished server process" in rest and "Traceback" not in rest, rest
+
+
+def test_serve_bad_engine_option_is_a_clear_error():
+    r = run("serve", "--model", "tiny-llama", "--block-size", "0")
+    assert r.returncode == 2
+    assert "EngineConfig.block_size must be" in r.stderr

@@ -187,24 +187,29 @@ def test_soak_random_requests_with_aborts(tiny_llama, policy):
 
 def test_add_request_refuses_what_can_never_fit(tiny_llama):
     model, tokenizer, _ = tiny_llama
-    engine = LLMEngine(model, tokenizer, block_size=4, num_kv_blocks=10, max_model_len=200)
-    assert engine.max_model_len == 40                      # capped by the pool: 10 blocks x 4
+    with pytest.raises(ValueError, match="raise num_kv_blocks to at least 50"):
+        LLMEngine(model, tokenizer, block_size=4, num_kv_blocks=10, max_model_len=200)   # asked: refused
+    engine = LLMEngine(model, tokenizer, block_size=4, num_kv_blocks=10)
+    assert engine.max_model_len == 40                      # not asked: what the pool holds, 10 blocks x 4
     with pytest.raises(ValueError, match="max_model_len"):
         engine.add_request("big", [1000] * 40, GREEDY)
+    with pytest.raises(ValueError, match="lower max_tokens to at most 10"):
+        engine.add_request("long", [1000] * 30, SamplingParams(max_tokens=11))
     with pytest.raises(ValueError, match="already in use"):
         engine.add_request("a", [1000] * 5, GREEDY)
         engine.add_request("a", [1000] * 5, GREEDY)
-    with pytest.raises(ValueError, match="token ids"):
+    with pytest.raises(ValueError, match="outside the vocabulary"):
         engine.add_request("b", [10 ** 9], GREEDY)
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
-        LLMEngine(model, tokenizer, max_num_batched_tokens=16, max_model_len=64, num_kv_blocks=100)
+        LLMEngine(model, tokenizer, max_num_batched_tokens=16, max_model_len=64, num_kv_blocks=100,
+                  enable_chunked_prefill=False)
 
 
 @pytest.mark.parametrize("bad", [{"block_size": 0}, {"scheduling_policy": "lifo"},
                                  {"preemption_mode": "drop"}, {"dtype": "int8"}, {"device": "tpu"}])
 def test_engine_options_validated(tiny_llama, bad):
     model, tokenizer, _ = tiny_llama
-    with pytest.raises(ValueError, match=next(iter(bad))):
+    with pytest.raises((ValueError, TypeError), match=next(iter(bad))):
         LLMEngine(model, tokenizer, **bad)
 
 
@@ -246,7 +251,7 @@ def test_llm_front_end(tiny_llama):
     assert stats["kv_blocks_used"] == 0
     with pytest.raises(ValueError, match="unknown engine option"):
         LLM(model, tokenizer=tokenizer, block_sise=8)
-    with pytest.raises(ValueError, match="prompt_token_ids"):
+    with pytest.raises(TypeError, match="prompt_token_ids"):
         llm.generate([{"tokens": [1]}], use_tqdm=False)
 
 

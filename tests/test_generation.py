@@ -1,7 +1,8 @@
 """Naive, contiguous-cache and static-batch generation against transformers' greedy generate."""
 import pytest
 
-from minillm.kv.contiguous import ContiguousKVCache, generate_static_batch, generate_with_cache
+from minillm.kv.contiguous import ContiguousKVCache
+from minillm.static_batch import generate_static_batch, generate_with_cache
 from minillm.naive import generate_naive
 from minillm.models.reference import compare_greedy, reference_greedy
 from minillm.sampling import SamplingParams

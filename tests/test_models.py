@@ -8,7 +8,7 @@ from safetensors.torch import save_file
 
 from minillm.attention import NoCache
 from minillm.config import ModelConfig
-from minillm.kv.contiguous import generate_with_cache
+from minillm.static_batch import generate_with_cache
 from minillm.models import load_model
 from minillm.models.llama import LlamaForCausalLM
 from minillm.models.reference import compare_greedy, reference_greedy, transformers_twin
@@ -176,3 +176,14 @@ def test_config_reads_v4_and_v5_rope_spellings():
         assert cfg.rope_theta == 5e5 and cfg.rope_scaling["rope_type"] == "linear"
     plain = ModelConfig.from_hf_dict(dict(v5, rope_parameters={"rope_theta": 1e4, "rope_type": "default"}))
     assert plain.rope_scaling is None and plain.rope_theta == 1e4
+
+
+def test_converted_checkpoint_names_its_architecture(tmp_path):
+    """transformers serve (the serving benchmark's peer) refuses "architectures": null."""
+    import json
+
+    from minillm.models.embedded import name_architecture
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", "architectures": None}))
+    name_architecture(config)
+    assert json.loads(config.read_text())["architectures"] == ["LlamaForCausalLM"]

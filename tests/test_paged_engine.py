@@ -12,7 +12,7 @@ from minillm.engine import LLMEngine
 from minillm.kv.block_manager import cdiv
 from minillm.models.reference import compare_greedy, reference_greedy
 from minillm.naive import generate_naive
-from minillm.sampling import SamplingParams
+from minillm.sampling import SamplingParams, sample_seed
 
 from conftest import PROMPTS, get_model
 
@@ -219,10 +219,10 @@ def test_n4_seeded_samples_do_not_depend_on_the_batch_or_the_pool(tiny):
     assert tight.stats()["kv_blocks_used"] == 0
 
     # each sample is exactly what an isolated, cache-free generation with its own stream
-    # (seed + index, as the engine seeds sample `index`) gives: no sibling's write leaked
-    # into another's K/V
+    # (sample_seed(seed, index), as the engine seeds sample `index`) gives: no sibling's
+    # write leaked into another's K/V
     for i, s in enumerate(want):
-        single = SamplingParams(temperature=params.temperature, seed=params.seed + i,
+        single = SamplingParams(temperature=params.temperature, seed=sample_seed(params.seed, i),
                                 max_tokens=params.max_tokens, ignore_eos=True)
         assert generate_naive(model, tokenizer, ids, single).token_ids == s, f"sample {i}"
 
@@ -306,15 +306,18 @@ def test_prompt_that_can_never_fit_is_refused_at_add_request(tiny):
         with pytest.raises(ValueError, match="max_model_len"):
             eng.add_request(f"too-long-{n}", list(range(100, 100 + n)), GREEDY)
     assert not eng.has_unfinished_requests() and eng.stats()["kv_blocks_used"] == 0
-    ids = list(range(100, 131))          # 31 tokens: fits, and stops at the length limit
-    out = run(eng, [("too-long-32", ids, GREEDY)])["too-long-32"]    # the refused id is free
+    ids = list(range(100, 131))          # 31 tokens: fits with one token to generate, no more
+    with pytest.raises(ValueError, match="lower max_tokens to at most 1"):
+        eng.add_request("too-many", ids, GREEDY)
+    one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    out = run(eng, [("too-long-32", ids, one)])["too-long-32"]    # the refused id is free
     assert len(tokens_of(out)) == 1 and out.outputs[0].finish_reason == "length"
     assert_greedy_correct(hf, ids, tokens_of(out), 1)
     # a pool smaller than the model's context caps the length too: one sequence must fit alone
     small = engine(model, tokenizer, 4, num_kv_blocks=4)
     with pytest.raises(ValueError, match="max_model_len"):
         small.add_request("big", list(range(100, 116)), GREEDY)
-    assert run(small, [("fits", list(range(100, 115)), GREEDY)])["fits"].outputs[0].finish_reason == "length"
+    assert run(small, [("fits", list(range(100, 115)), one)])["fits"].outputs[0].finish_reason == "length"
     assert small.stats()["kv_blocks_used"] == 0
 
 

@@ -11,8 +11,9 @@ every layer reuses it:
   block_tables[b]   sequence b's block ids, padded with 0 to the longest table
 
 The reference gathers each sequence's blocks into a padded [B, L] key tensor and
-runs masked attention: easy to read and to check. A GPU kernel (lesson 08) reads
-the blocks in place behind the same `forward(q, k_cache, v_cache, step)`.
+runs masked attention: easy to read and to check. A kernel reads the blocks in place
+behind the same `forward(q, k_cache, v_cache, step)`: `cpu_paged.py` on CPU, as a GPU
+paged-attention kernel (vLLM's) does on a GPU.
 """
 from __future__ import annotations
 

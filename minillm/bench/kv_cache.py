@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from ..kv.contiguous import generate_with_cache
+from ..static_batch import generate_with_cache
 from ..models import load_model
 from ..naive import generate_naive
 from ..sampling import SamplingParams

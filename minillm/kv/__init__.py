@@ -1,4 +1,4 @@
-"""KV-cache memory schemes: contiguous (lesson 02), paged blocks (lesson 03+)."""
-from .contiguous import ContiguousKVCache, generate_static_batch, generate_with_cache
+"""KV cache managers: contiguous per request (lesson 02), then paged blocks (lessons 03-06)."""
+from .contiguous import ContiguousKVCache
 
-__all__ = ["ContiguousKVCache", "generate_static_batch", "generate_with_cache"]
+__all__ = ["ContiguousKVCache"]

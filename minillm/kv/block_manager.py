@@ -2,6 +2,7 @@
 
 The verbs the scheduler uses:
   can_allocate / allocate   give a new sequence blocks for its prompt, reusing cached prefix blocks
+  num_tokens_to_compute     what a new sequence would still feed after its cached prefix
   can_append / append_slots make room for the tokens a step will write, copying shared blocks first
   fork                      a child sequence shares all its parent's blocks (n > 1 sampling)
   free                      give a sequence's blocks back (full ones stay cached for reuse)
@@ -72,6 +73,13 @@ class BlockManager:
         reclaimed = sum(1 for b in cached if self.allocator.ref_counts[b] == 0)  # free now, taken by us
         needed = cdiv(len(seq), self.block_size) - len(cached)
         return needed + reclaimed <= self.allocator.num_free
+
+    def num_tokens_to_compute(self, seq) -> int:
+        """Tokens a waiting sequence would feed once its cached prefix is reused. The
+        scheduler asks before allocating: a sequence that must wait then leaves the
+        free pool's cached blocks (and the hit statistics) untouched."""
+        _, cached = self._cached_prefix(seq)
+        return len(seq) - len(cached) * self.block_size
 
     def allocate(self, seq) -> None:
         """Blocks for every token the sequence has now; cached prefix blocks are shared."""
@@ -165,11 +173,11 @@ class BlockManager:
     def swap_out(self, seq) -> None:
         """Copy the sequence's blocks to CPU blocks and free the device ones."""
         cpu_table = []
-        for b in seq.block_table:
-            c = self.cpu_allocator.allocate()
-            self.ops.swap_out.append((b, c))
-            self.allocator.free(b)
-            cpu_table.append(c)
+        for block in seq.block_table:
+            cpu_block = self.cpu_allocator.allocate()
+            self.ops.swap_out.append((block, cpu_block))
+            self.allocator.free(block)
+            cpu_table.append(cpu_block)
         seq.block_table = cpu_table
         self.num_swapped_out_blocks += len(cpu_table)
 
@@ -180,11 +188,11 @@ class BlockManager:
     def swap_in(self, seq) -> None:
         """Fresh device blocks for the sequence, filled from its CPU blocks."""
         device_table = []
-        for c in seq.block_table:
-            b = self._new_block()
-            self.ops.swap_in.append((c, b))
-            self.cpu_allocator.free(c)
-            device_table.append(b)
+        for cpu_block in seq.block_table:
+            block = self._new_block()
+            self.ops.swap_in.append((cpu_block, block))
+            self.cpu_allocator.free(cpu_block)
+            device_table.append(block)
         seq.block_table = device_table
         self.num_swapped_in_blocks += len(device_table)
 

@@ -3,7 +3,8 @@
 Prefill runs the prompt once and stores every layer's K and V; each decode step
 then feeds only the newest token, which attends to the stored K/V. The price is
 memory: each request reserves `max_len` slots up front, whether it uses them or
-not. `waste()` measures that, and lesson 03 (paging) removes it.
+not. `waste()` measures that, and lesson 03 (paging) removes it. The generation loop
+that drives this cache (static batching) is in `minillm/static_batch.py`.
 
 Layout: per layer, k and v of shape [max_batch, max_len, kv_heads, head_dim]; a
 request owns one row. In one step, every participating row adds the same number
@@ -15,9 +16,6 @@ from __future__ import annotations
 import torch
 
 from ..attention.core import causal_mask, masked_attention
-from ..outputs import CompletionOutput
-from ..sampling import SamplingParams, make_generator, sample
-from ..stopping import StopChecker
 
 
 class ContiguousKVCache:
@@ -27,8 +25,8 @@ class ContiguousKVCache:
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.max_len = max_len
-        self.rows = torch.zeros(0, dtype=torch.long)
-        self.positions = torch.zeros(0, 0, dtype=torch.long)
+        self.rows = torch.zeros(0, dtype=torch.long, device=device)
+        self.positions = torch.zeros(0, 0, dtype=torch.long, device=device)
 
     @classmethod
     def for_model(cls, model, max_batch_size: int, max_len: int) -> "ContiguousKVCache":
@@ -69,55 +67,3 @@ class ContiguousKVCache:
         used = sum(lengths) * self.bytes_per_token()
         return {"reserved_bytes": reserved, "used_bytes": used,
                 "wasted_fraction": 1 - used / reserved if reserved else 0.0}
-
-
-@torch.inference_mode()
-def generate_static_batch(model, tokenizer, prompts: list, params: SamplingParams | None = None,
-                          max_len: int | None = None, cache_cls=ContiguousKVCache):
-    """Static batching: one cache row per prompt, reserved for the whole run.
-    Prefill each prompt, then decode all unfinished rows together until every one ends.
-    Returns (outputs, cache) so a lesson can inspect the cache afterwards."""
-    from ..naive import prompt_to_ids
-
-    params = params or SamplingParams()
-    if params.n != 1:
-        raise NotImplementedError("n > 1 needs the paged engine (lesson 04)")
-    prompt_ids = [prompt_to_ids(tokenizer, p) for p in prompts]
-    max_len = max_len or max(len(p) for p in prompt_ids) + params.max_tokens
-    cache = cache_cls.for_model(model, len(prompt_ids), max_len)
-    eos = tokenizer.eos_token_ids if tokenizer is not None else model.config.eos_token_ids
-    stoppers = [StopChecker(params, tokenizer, eos) for _ in prompt_ids]
-    generators = [make_generator(params, model.device) for _ in prompt_ids]
-    outputs: list[list[int]] = [[] for _ in prompt_ids]
-    finish: list[str | None] = [None] * len(prompt_ids)
-    device = model.device
-
-    def step(rows, new_tokens, starts):
-        """One forward for `rows`, each adding len(new_tokens[i]) tokens; sample one token per row."""
-        T = len(new_tokens[0])
-        cache.set_step(rows, starts, T)
-        ids = torch.tensor([t for toks in new_tokens for t in toks], device=device)
-        positions = cache.positions.reshape(-1)
-        hidden = model(ids, positions, cache)
-        last = hidden.view(len(rows), T, -1)[:, -1]
-        tokens = sample(model.compute_logits(last), [params] * len(rows), [generators[r] for r in rows])
-        for r, tok in zip(rows, tokens.tolist()):
-            outputs[r].append(tok)
-            finish[r] = stoppers[r].check(outputs[r])
-
-    for r, ids in enumerate(prompt_ids):                  # prefill, one prompt at a time
-        step([r], [ids], [0])
-    while True:                                           # decode every unfinished row together
-        rows = [r for r in range(len(prompt_ids)) if finish[r] is None]
-        if not rows:
-            break
-        step(rows, [[outputs[r][-1]] for r in rows],
-             [len(prompt_ids[r]) + len(outputs[r]) - 1 for r in rows])
-    results = [CompletionOutput(0, s.text, o, f) for s, o, f in zip(stoppers, outputs, finish)]
-    return results, cache
-
-
-def generate_with_cache(model, tokenizer, prompt, params: SamplingParams | None = None) -> CompletionOutput:
-    """One prompt through the contiguous cache: a static batch of one."""
-    outputs, _ = generate_static_batch(model, tokenizer, [prompt], params)
-    return outputs[0]

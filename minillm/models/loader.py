@@ -41,11 +41,26 @@ def load_model(name: str | None = None, device: str | None = None,
         folder = resolve_checkpoint(name)
         model = load_checkpoint(folder)
         tokenizer = load_tokenizer_from(folder, model.config.eos_token_ids)
-    model = model.to(device=device, dtype=dtype).eval()
+    return place_model(model.eval(), device, dtype), tokenizer
+
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def place_model(model, device=None, dtype=None):
+    """Move a model to `device` and `dtype` (None: keep the model's; dtype may be a name
+    such as "bfloat16"), then lay its weights out for fast CPU decode. In place; returns it."""
+    dtype = DTYPES[dtype] if isinstance(dtype, str) else (dtype or model.dtype)
+    device = torch.device(device) if device is not None else model.device
+    same_device = device.type == model.device.type and device.index in (None, model.device.index)
+    if same_device and dtype == model.dtype and getattr(model, "_placed", False):
+        return model
+    model = model.to(device=device, dtype=dtype)
     if model.device.type == "cpu":
         model.use_column_major_weights()     # why: see its docstring
         use_panel_linears(model)             # decode-sized batches: weights packed once (cpu_linear.py)
-    return model, tokenizer
+    model._placed = True
+    return model
 
 
 def load_tokenizer(name: str | None = None, extra_eos_ids=None) -> Tokenizer:

@@ -1,77 +1,21 @@
-"""The graders of minillm.checks: the reference passes each one, and planted mistakes —
-the ones learners actually make — are rejected with a hint that names the problem.
+"""Tests of the graders of lesson 01 (minillm.checks.lesson01_sampling
+and lesson01_generation).
 
-Addressable per lesson task: `pytest -k check_top_p`, `pytest -k check_contiguous_cache`, ...
+The reference passes each one, an independent correct piece passes, and planted mistakes —
+the ones learners actually make — are rejected with a hint that names the problem.
+Addressable per lesson task: `pytest -k check_top_k`, `-k check_top_p`, `-k check_sampler`,
+`-k check_generate_naive`.
 """
 import pytest
 import torch
+from checks_support import rejects
 
 from minillm import checks
 from minillm.attention import NoCache
-from minillm.attention.core import causal_mask, masked_attention
-from minillm.kv.contiguous import ContiguousKVCache
-from minillm.models.llama import apply_rope
 from minillm.naive import generate_naive, prompt_to_ids
 from minillm.outputs import CompletionOutput
 from minillm.sampling import apply_top_k, apply_top_p, make_generator, sample
 from minillm.stopping import StopChecker
-
-
-def rejects(check, bad, match=None):
-    with pytest.raises(AssertionError, match=match):
-        check(bad)
-
-
-# ---------------------------------------------------------------- lesson 00: RoPE
-
-def rope_halves_not_negated(x, cos, sin):
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([x2, x1], dim=-1) * sin
-
-
-def rope_sin_cos_swapped(x, cos, sin):
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * sin + torch.cat([-x2, x1], dim=-1) * cos
-
-
-def rope_off_by_one_position(x, cos, sin):
-    return apply_rope(x, cos.roll(-1, dims=0), sin.roll(-1, dims=0))
-
-
-def rope_adjacent_pairs(x, cos, sin):
-    half = x.shape[-1] // 2
-    c, s = cos[..., :half], sin[..., :half]
-    ev, od = x[..., 0::2], x[..., 1::2]
-    return torch.stack([ev * c - od * s, od * c + ev * s], dim=-1).flatten(-2)
-
-
-def rope_in_place(x, cos, sin):
-    x.copy_(apply_rope(x, cos, sin))
-    return x
-
-
-def test_check_rope_passes_reference(capsys):
-    assert checks.check_rope(apply_rope) is True
-    assert "✅ check_rope passed" in capsys.readouterr().out
-
-
-def test_check_rope_accepts_the_pairwise_formula():
-    def pairwise(x, cos, sin):
-        x1, x2 = x.chunk(2, dim=-1)
-        c, s = cos.chunk(2, dim=-1)[0], sin.chunk(2, dim=-1)[0]
-        return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
-    assert checks.check_rope(pairwise) is True
-
-
-@pytest.mark.parametrize("bad, match", [
-    (rope_halves_not_negated, "minus sign"),
-    (rope_sin_cos_swapped, "swaps cos and sin"),
-    (rope_off_by_one_position, "position 0"),
-    (rope_adjacent_pairs, "adjacent pairs"),
-    (rope_in_place, "in place"),
-], ids=["halves_not_negated", "sin_cos_swapped", "off_by_one_position", "adjacent_pairs", "in_place"])
-def test_check_rope_rejects(bad, match):
-    rejects(checks.check_rope, bad, match)
 
 
 # ---------------------------------------------------------------- lesson 01: top-k
@@ -375,125 +319,3 @@ def test_check_generate_naive_accepts_an_independent_loop():
         "drops_stop_token", "no_on_token", "skeleton"])
 def test_check_generate_naive_rejects(bad, match):
     rejects(checks.check_generate_naive, bad, match)
-
-
-# ---------------------------------------------------------------- lesson 02: contiguous KV cache
-
-class _PlantedCache(ContiguousKVCache):
-    """The reference attend with one knob per classic mistake."""
-    shift, causal, use_row_ids, store_v, read_rows = 0, True, True, True, True
-
-    def attend(self, layer_idx, q, k, v):
-        B, T = self.positions.shape
-        rows = (self.rows if self.use_row_ids else torch.arange(B))[:, None]
-        self.k[layer_idx][rows, self.positions + self.shift] = k.view(B, T, *k.shape[1:])
-        if self.store_v:
-            self.v[layer_idx][rows, self.positions + self.shift] = v.view(B, T, *v.shape[1:])
-        num_keys = int(self.positions.max()) + 1
-        read = self.rows if self.read_rows else torch.arange(B)
-        keys, values = self.k[layer_idx][read, :num_keys], self.v[layer_idx][read, :num_keys]
-        mask = causal_mask(self.positions, num_keys)
-        if not self.causal:
-            mask = torch.ones_like(mask)
-        out = masked_attention(q.view(B, T, *q.shape[1:]), keys, values, mask)
-        return out.reshape(B * T, *q.shape[1:])
-
-
-class CacheWritesAtPositionPlusOne(_PlantedCache):
-    shift = 1
-
-
-class CacheWithoutCausalMask(_PlantedCache):
-    causal = False
-
-
-class CacheMixesRows(_PlantedCache):
-    use_row_ids = False
-
-
-class CacheReadsWrongRows(_PlantedCache):
-    read_rows = False
-
-
-class CacheStoresOnlyK(_PlantedCache):
-    store_v = False
-
-
-class CacheSkeleton(ContiguousKVCache):
-    def attend(self, layer_idx, q, k, v):
-        raise NotImplementedError
-
-
-def test_check_contiguous_cache_passes_reference():
-    assert checks.check_contiguous_cache(ContiguousKVCache) is True
-
-
-def test_check_contiguous_cache_passes_an_independent_class():
-    class Mine:                                # no inheritance: duck typing is enough
-        def __init__(self, num_layers, max_batch_size, max_len, num_kv_heads, head_dim, dtype, device):
-            self.inner = ContiguousKVCache(num_layers, max_batch_size, max_len, num_kv_heads, head_dim,
-                                           dtype, device)
-            self.k, self.v = self.inner.k, self.inner.v
-
-        @classmethod
-        def for_model(cls, model, max_batch_size, max_len):
-            c = model.config
-            return cls(c.num_hidden_layers, max_batch_size, max_len, c.num_key_value_heads, c.head_dim,
-                       model.dtype, model.device)
-
-        def set_step(self, rows, start, num_tokens):
-            self.inner.set_step(rows, start, num_tokens)
-            self.positions = self.inner.positions
-
-        def attend(self, layer_idx, q, k, v):
-            return self.inner.attend(layer_idx, q, k, v)
-
-    assert checks.check_contiguous_cache(Mine) is True
-
-
-def test_check_contiguous_cache_passes_a_from_scratch_class():
-    class Handwritten:                          # explicit softmax, one row at a time
-        def __init__(self, num_layers, max_batch_size, max_len, num_kv_heads, head_dim, dtype, device):
-            shape = (max_batch_size, max_len, num_kv_heads, head_dim)
-            self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-            self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-
-        @classmethod
-        def for_model(cls, model, max_batch_size, max_len):
-            c = model.config
-            return cls(c.num_hidden_layers, max_batch_size, max_len, c.num_key_value_heads, c.head_dim,
-                       model.dtype, model.device)
-
-        def set_step(self, rows, start, num_tokens):
-            self.steps = [(r, s) for r, s in zip(rows, start)]
-            self.T = num_tokens
-            self.positions = torch.tensor([[s + t for t in range(num_tokens)] for s in start])
-
-        def attend(self, layer_idx, q, k, v):
-            out = torch.empty_like(q)
-            groups = q.shape[1] // k.shape[1]
-            for b, (row, s) in enumerate(self.steps):
-                for t in range(self.T):
-                    self.k[layer_idx][row, s + t] = k[b * self.T + t]
-                    self.v[layer_idx][row, s + t] = v[b * self.T + t]
-                for t in range(self.T):
-                    keys = self.k[layer_idx][row, :s + t + 1].repeat_interleave(groups, dim=1)
-                    values = self.v[layer_idx][row, :s + t + 1].repeat_interleave(groups, dim=1)
-                    scores = torch.einsum("hd,lhd->hl", q[b * self.T + t], keys) / q.shape[-1] ** 0.5
-                    out[b * self.T + t] = torch.einsum("hl,lhd->hd", scores.softmax(-1), values)
-            return out
-
-    assert checks.check_contiguous_cache(Handwritten) is True
-
-
-@pytest.mark.parametrize("bad, match", [
-    (CacheWritesAtPositionPlusOne, r"sits at \(row, position\) \[\(1, 1\)\]"),
-    (CacheWithoutCausalMask, "causal mask"),
-    (CacheMixesRows, r"rows\[b\]"),
-    (CacheReadsWrongRows, "differs from the reference"),
-    (CacheStoresOnlyK, "store v as well"),
-    (CacheSkeleton, "not implemented"),
-], ids=["writes_at_position_plus_one", "without_causal_mask", "mixes_rows", "reads_wrong_rows",
-        "stores_only_k", "skeleton"])
-def test_check_contiguous_cache_rejects(bad, match):
-    rejects(checks.check_contiguous_cache, bad, match)

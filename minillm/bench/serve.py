@@ -1,0 +1,199 @@
+"""Serving benchmark: a seeded workload with Poisson arrivals against an OpenAI-compatible server.
+
+Each request streams a completion; the client records when each text chunk arrives, so
+it measures what a user feels:
+  TTFT  time to first token (arrival -> first chunk): queueing + prefill;
+  TPOT  time per output token after the first: (last chunk - first chunk) / (tokens - 1);
+  ITL   inter-token latency: every gap between two chunks;
+  throughput: requests/s and output tokens/s over the run; goodput: requests/s that met
+  the service-level objectives (--slo-ttft, --slo-tpot).
+
+Side by side in the same run (`--against transformers`), the same workload against
+`transformers serve --continuous-batching` (transformers' own OpenAI server) on the same model
+folder, one server at a time, never both at once on a small machine.
+
+    python -m minillm bench serve [--request-rate 1 4 inf] [--num-prompts 32] [--url URL]
+                                  [--against transformers] [--json FILE] [--quick]
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+
+import httpx
+
+from .server_process import ServerProcess, free_port, minillm_command, transformers_command
+from .throughput import make_workload
+
+
+def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
+    """Send times (s from the start) of n requests at `rate` per second; inf: all at once."""
+    if rate == float("inf"):
+        return [0.0] * n
+    rng, t, times = random.Random(seed), 0.0, []
+    for _ in range(n):
+        times.append(t)
+        t += rng.expovariate(rate)
+    return times
+
+
+async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int,
+                      send_at: float, start: float, gate: asyncio.Semaphore) -> dict:
+    await asyncio.sleep(max(0.0, start + send_at - time.perf_counter()))
+    async with gate:
+        sent = time.perf_counter()
+        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                "stream": True, "stream_options": {"include_usage": True}}
+        chunks, usage, error = [], None, None
+        try:
+            async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
+                if response.status_code != 200:
+                    error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
+                else:
+                    async for line in response.aiter_lines():
+                        if not line.startswith("data: ") or line == "data: [DONE]":
+                            continue
+                        data = json.loads(line[6:])
+                        if data.get("usage"):
+                            usage = data["usage"]
+                        if any(c.get("text") for c in data.get("choices", [])):
+                            chunks.append(time.perf_counter())
+        except httpx.HTTPError as e:
+            error = repr(e)
+    tokens = (usage or {}).get("completion_tokens") or len(chunks)
+    return {"sent": sent, "chunks": chunks, "tokens": tokens, "error": error or (None if chunks else "no output")}
+
+
+async def run_load(url: str, model: str, prompts: list[tuple[str, int]], rate: float, max_concurrency: int,
+                   seed: int) -> tuple[list[dict], float]:
+    gate = asyncio.Semaphore(max_concurrency)
+    times = poisson_arrivals(len(prompts), rate, seed)
+    limits = httpx.Limits(max_connections=max_concurrency + 4)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
+        start = time.perf_counter()
+        results = await asyncio.gather(*[one_request(client, url, model, p, n, t, start, gate)
+                                         for (p, n), t in zip(prompts, times)])
+    return results, time.perf_counter() - start
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
+
+
+def summarize(results: list[dict], elapsed: float, slo_ttft: float, slo_tpot: float) -> dict:
+    ok = [r for r in results if r["error"] is None]
+    ttft = [r["chunks"][0] - r["sent"] for r in ok]
+    tpot = [(r["chunks"][-1] - r["chunks"][0]) / (r["tokens"] - 1) for r in ok if r["tokens"] > 1]
+    itl = [b - a for r in ok for a, b in zip(r["chunks"], r["chunks"][1:])]
+    good = [r for r in ok if r["chunks"][0] - r["sent"] <= slo_ttft and
+            (r["tokens"] <= 1 or (r["chunks"][-1] - r["chunks"][0]) / (r["tokens"] - 1) <= slo_tpot)]
+    out = {"completed": len(ok), "failed": len(results) - len(ok), "seconds": elapsed,
+           "request_throughput": len(ok) / elapsed, "output_throughput": sum(r["tokens"] for r in ok) / elapsed,
+           "goodput": len(good) / elapsed}
+    for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl)):
+        for q in (50, 90, 99):
+            out[f"{name}_p{q}"] = percentile(values, q)
+    errors = [r["error"] for r in results if r["error"]]
+    if errors:
+        out["first_error"] = errors[0]
+    return out
+
+
+def text_prompts(tokenizer, workload) -> list[tuple[str, int]]:
+    """The throughput workload's token ids as text (both servers tokenize the same text)."""
+    return [(tokenizer.decode(ids), n) for ids, n in workload]
+
+
+COLUMNS = [("server", 13, "{}"), ("rate", 6, "{:g}"), ("done", 6, "{}"), ("req/s", 7, "{:.2f}"),
+           ("tok/s", 8, "{:.1f}"), ("goodput", 8, "{:.2f}"), ("TTFT p50", 9, "{:.2f}"), ("p99", 7, "{:.2f}"),
+           ("TPOT p50", 9, "{:.3f}"), ("p99", 7, "{:.3f}"), ("ITL p99", 8, "{:.3f}")]
+KEYS = ["server", "rate", "completed", "request_throughput", "output_throughput", "goodput", "ttft_p50",
+        "ttft_p99", "tpot_p50", "tpot_p99", "itl_p99"]
+
+
+def print_row(row: dict) -> None:
+    print("".join(fmt.format(row[k]).rjust(width) for (_, width, fmt), k in zip(COLUMNS, KEYS)), flush=True)
+
+
+def main(args) -> dict:
+    from ..models import load_tokenizer
+    from ..models.embedded import embedded_checkpoint_dir
+
+    tokenizer = load_tokenizer(args.model)
+    num = args.num_prompts or (8 if args.quick else 32)
+    prompt_range, output_range = ((16, 64), (8, 32)) if args.quick else ((32, 512), (32, 256))
+    workload = make_workload(num, args.seed, 49152, prompt_range, output_range)
+    prompts = text_prompts(tokenizer, workload)
+    servers = [("minillm", args.url)]
+    if args.against == "transformers":
+        servers.append(("transformers", None))
+    print(f"workload: {num} prompts (seed {args.seed}), rates {args.request_rate}, "
+          f"max concurrency {args.max_concurrency}; SLO: TTFT <= {args.slo_ttft} s, TPOT <= {args.slo_tpot} s")
+    print("".join(title.rjust(width) for title, width, _ in COLUMNS))
+    rows = []
+    for name, url in servers:
+        if url is None:
+            folder = args.model_folder or str(embedded_checkpoint_dir())
+            port = args.port or free_port()
+            command = (minillm_command(args.model, port) if name == "minillm"
+                       else transformers_command(folder, port))
+            server = ServerProcess(command, port, log=f"{name}-server.log")
+        else:
+            server = None
+        with (server or _Nothing()) as live:
+            base = live.url if server else url
+            model = _served_model(base)
+            for rate in args.request_rate:
+                results, elapsed = asyncio.run(run_load(base, model, prompts, rate, args.max_concurrency, args.seed))
+                row = {"server": name, "rate": rate, **summarize(results, elapsed, args.slo_ttft, args.slo_tpot)}
+                rows.append(row)
+                print_row(row)
+    ratios = {}
+    for rate in args.request_rate:
+        pair = [r for r in rows if r["rate"] == rate]
+        if len(pair) == 2:
+            ours, theirs = pair
+            ratios[str(rate)] = {k: ours[k] / theirs[k] if theirs[k] else float("nan")
+                                 for k in ("output_throughput", "goodput", "ttft_p50", "ttft_p99", "tpot_p50")}
+            print(f"rate {rate:g}: minillm / transformers: " +
+                  ", ".join(f"{k} {v:.2f}x" for k, v in ratios[str(rate)].items()))
+    report = {"workload": {"num_prompts": num, "seed": args.seed, "quick": args.quick},
+              "rows": rows, "ratios": ratios}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    return report
+
+
+class _Nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _served_model(url: str) -> str:
+    models = httpx.get(f"{url}/v1/models", timeout=30).json()["data"]
+    return models[0]["id"] if models else "default"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--model", default=None, help="minillm's model (default: the embedded SmolLM2)")
+    p.add_argument("--model-folder", default=None, help="checkpoint folder for transformers serve")
+    p.add_argument("--url", default=None, help="benchmark a running server instead of starting minillm")
+    p.add_argument("--against", choices=["transformers"], default=None)
+    p.add_argument("--request-rate", type=float, nargs="+", default=[1.0, 4.0, float("inf")])
+    p.add_argument("--max-concurrency", type=int, default=64)
+    p.add_argument("--num-prompts", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--port", type=int, default=None, help="for the servers it starts (default: a free one)")
+    p.add_argument("--slo-ttft", type=float, default=5.0, help="seconds")
+    p.add_argument("--slo-tpot", type=float, default=0.5, help="seconds per output token")
+    p.add_argument("--json", default=None)
+    p.add_argument("--quick", action="store_true")

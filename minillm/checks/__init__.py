@@ -1,0 +1,46 @@
+"""Graders for the lessons' check cells: your piece against the reference, on small cases.
+
+Each `check_*` takes your function or class — with exactly the signature of the
+reference it replaces — runs it on a few deterministic cases (the graders of lessons
+03-06 then plug it into the real engine on the tiny random Llama), and either prints
+"✅ ... passed" and returns True, or raises AssertionError with a hint saying what
+went wrong and where to look.
+
+    from minillm.checks import check_top_p
+    check_top_p(my_apply_top_p)
+
+| lesson | grader                 | your piece has the signature of                          |
+|--------|------------------------|----------------------------------------------------------|
+| 00     | check_rope             | minillm.models.llama.apply_rope                          |
+| 01     | check_top_k            | minillm.sampling.apply_top_k                             |
+| 01     | check_top_p            | minillm.sampling.apply_top_p                             |
+| 01     | check_sampler          | minillm.sampling.sample                                  |
+| 01     | check_generate_naive   | minillm.naive.generate_naive                             |
+| 02     | check_contiguous_cache | minillm.kv.contiguous.ContiguousKVCache                  |
+| 03     | check_block_allocator  | minillm.kv.block_allocator.BlockAllocator                |
+| 03     | check_slot_mapping     | minillm.attention.paged.slot_mapping                     |
+| 04     | check_block_hash       | minillm.kv.prefix_cache.block_hash                       |
+| 04     | check_prefix_cache     | minillm.kv.prefix_cache.PrefixCache                      |
+| 04     | check_copy_on_write    | a BlockManager subclass overriding append_slots          |
+| 05     | check_scheduler        | a Scheduler subclass overriding schedule                 |
+| 06     | check_preemption       | a Scheduler subclass overriding pick_victim / _preempt   |
+| 06     | check_swap             | a BlockManager subclass overriding swap_out / swap_in    |
+
+Each lesson's graders live in `lessonNN*.py`, built on `harness.py` (cases, verdicts,
+hints) and, for lessons 03-06, `engine_runs.py` (engine runs compared with the
+reference's). Every case uses fixed seeds, so a check gives the same verdict every time
+it runs.
+"""
+from .lesson00 import check_rope
+from .lesson01_generation import check_generate_naive
+from .lesson01_sampling import check_sampler, check_top_k, check_top_p
+from .lesson02 import check_contiguous_cache
+from .lesson03 import check_block_allocator, check_slot_mapping
+from .lesson04_copy_on_write import check_copy_on_write
+from .lesson04_prefix_cache import check_block_hash, check_prefix_cache
+from .lesson05 import check_scheduler
+from .lesson06 import check_preemption, check_swap
+
+__all__ = ["check_rope", "check_top_k", "check_top_p", "check_sampler", "check_generate_naive",
+           "check_contiguous_cache", "check_block_allocator", "check_slot_mapping", "check_block_hash",
+           "check_prefix_cache", "check_copy_on_write", "check_scheduler", "check_preemption", "check_swap"]

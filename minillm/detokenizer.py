@@ -1,0 +1,54 @@
+"""Token ids -> text, one token at a time, for streaming (lesson 07).
+
+Two things make this harder than `tokenizer.decode([token])`:
+  - one character can span several tokens. A byte-level BPE (SmolLM2, Llama 3, Qwen)
+    splits an emoji into up to four byte tokens; decoding only some of its bytes gives
+    the replacement character U+FFFD. So a delta that ends in U+FFFD is held back
+    until the next tokens complete the character.
+  - decoding the whole output again at every token costs O(length) per token, O(n²) per
+    request. So we decode only a window: the tokens of the last emitted delta (the
+    "prefix", context for tokenizers whose decode of a token depends on its neighbour,
+    such as a SentencePiece leading space) plus the tokens not yet emitted.
+
+    ids:   ... | prefix_offset ... read_offset | ... end
+                 (emitted last time)            (not yet emitted)
+    delta = decode(ids[prefix_offset:]) minus decode(ids[prefix_offset:read_offset])
+
+This is the same scheme as vLLM's and Hugging Face's TextStreamer.
+"""
+from __future__ import annotations
+
+REPLACEMENT_CHAR = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.token_ids: list[int] = []
+        self.text = ""             # every delta returned so far, concatenated
+        self.prefix_offset = 0     # window start: the tokens of the last emitted delta
+        self.read_offset = 0       # the first token whose text is not yet emitted
+        self.pending = ""          # the held-back tail as it decodes now (may end in U+FFFD)
+
+    def add(self, token_id: int) -> str:
+        """Feed one token; return the text it completes ("" while a character is unfinished)."""
+        self.token_ids.append(token_id)
+        window = self.token_ids[self.prefix_offset:]
+        prefix_text = self.tokenizer.decode(window[:self.read_offset - self.prefix_offset])
+        new_text = self.tokenizer.decode(window)
+        delta = new_text[len(prefix_text):]
+        if not delta or delta.endswith(REPLACEMENT_CHAR):
+            self.pending = delta   # nothing new yet, or the last character is incomplete: wait
+            return ""
+        self.pending = ""
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.token_ids)
+        self.text += delta
+        return delta
+
+    def flush(self) -> str:
+        """Emit the held-back tail as it decodes now, incomplete characters included (U+FFFD).
+        Call once, when generation has ended."""
+        delta, self.pending = self.pending, ""
+        self.prefix_offset = self.read_offset = len(self.token_ids)
+        self.text += delta
+        return delta

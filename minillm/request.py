@@ -1,0 +1,57 @@
+"""A request as the engine holds it, and the checks it passes at the door.
+
+A request is a prompt and its n sequences (only the first exists until the prompt
+is computed; then it forks). `check_request` refuses, before anything is queued,
+every input that would otherwise fail in the middle of a step and take the batch
+down with it: a bad type, a token outside the vocabulary, a request that could never
+fit the engine's limits.
+"""
+from __future__ import annotations
+
+from .outputs import RequestMetrics
+from .sampling import SamplingParams
+from .sequence import Sequence
+from .tokenizer import prompt_to_ids
+from .validate import is_int
+
+
+class Request:
+    def __init__(self, request_id, prompt, prompt_ids, params, priority, arrival):
+        self.request_id, self.prompt, self.prompt_ids = request_id, prompt, prompt_ids
+        self.params, self.priority = params, priority
+        self.seqs: list[Sequence] = []
+        self.metrics = RequestMetrics(arrival_time=arrival)
+        self.error: str | None = None      # set when a fault ended the request
+
+    @property
+    def finished(self) -> bool:
+        return self.error is not None or (
+            len(self.seqs) == self.params.n and all(s.is_finished for s in self.seqs))
+
+
+def check_request(engine, request_id, prompt, params, priority) -> list[int]:
+    """The prompt's token ids, or a TypeError/ValueError that says what is wrong."""
+    if not isinstance(request_id, str):
+        raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}"
+                        + (": build one with SamplingParams(**d)" if isinstance(params, dict) else ""))
+    if not is_int(priority):
+        raise TypeError(f"priority must be an integer, got {priority!r:.40}")
+    ids = prompt_to_ids(engine.tokenizer, prompt)
+    vocab = engine.model.config.vocab_size
+    bad = next((t for t in ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise ValueError(f"prompt token id {bad} is outside the vocabulary: ids lie in [0, {vocab})")
+    limit = engine.max_model_len
+    if len(ids) >= limit:
+        raise ValueError(f"the prompt has {len(ids)} tokens; max_model_len is {limit} "
+                         "(prompt + at least one generated token): shorten the prompt")
+    if len(ids) + params.max_tokens > limit:
+        raise ValueError(f"the prompt ({len(ids)} tokens) plus max_tokens={params.max_tokens} is more than "
+                         f"max_model_len={limit}: lower max_tokens to at most {limit - len(ids)}")
+    seats = engine.scheduler.max_num_seqs
+    if params.n > seats:
+        raise ValueError(f"n={params.n} samples need {params.n} sequences running at once; "
+                         f"max_num_seqs is {seats}")
+    return ids

@@ -1,0 +1,133 @@
+"""The HTTP routes of the OpenAI-compatible server (lesson 07).
+
+    GET  /v1/models             the one model served
+    POST /v1/completions        prompt(s) -> text; stream=true sends Server-Sent Events
+    POST /v1/chat/completions   messages -> the assistant's reply, through the chat template
+    GET  /health                200 while the engine loop runs
+    GET  /metrics               Prometheus text format (metrics.py)
+
+A streamed response is a series of `data: {json}\\n\\n` events (one chunk per choice's new
+text), then `data: [DONE]\\n\\n`; with stream_options.include_usage, a last chunk before
+[DONE] carries the token counts. The app owns the AsyncEngine: it starts the engine loop
+when the server starts and stops it when the server stops.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from .async_engine import AsyncEngine
+from .errors import APIError, error_body, install_error_handlers
+from .guards import DEFAULT_MAX_BODY_BYTES, Guards
+from .protocol import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
+                       ChatCompletionResponse, CompletionChoice, CompletionRequest, CompletionResponse, Delta,
+                       ModelCard, ModelList)
+from .serving import Served, chat_prompt, check_options, completion_prompts, start
+
+log = logging.getLogger("minillm.server")
+
+
+def build_app(engine, model_name: str, *, api_key: str | None = None,
+              max_request_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+              max_waiting_requests: int | None = None) -> FastAPI:
+    """An app serving `engine` (an LLMEngine, which the app now owns) as `model_name`."""
+    front = AsyncEngine(engine, max_waiting_requests)
+    served = Served(front, engine.tokenizer, model_name)
+    created = int(time.time())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        front.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(front.shutdown)
+
+    app = FastAPI(title="minillm", lifespan=lifespan)
+    app.state.served = served
+    app.add_middleware(Guards, api_key=api_key, max_body_bytes=max_request_body_bytes)
+    install_error_handlers(app)
+
+    @app.get("/health")
+    async def health():
+        if not front.is_alive:
+            raise APIError(503, "the engine loop is not running")
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(served.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models():
+        return ModelList(data=[ModelCard(id=model_name, created=created, max_model_len=front.max_model_len)])
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest, request: Request):
+        check_options(req, served)
+        gen = await start(served, request, req, completion_prompts(req, served.tokenizer), req.max_tokens, "cmpl")
+        now = int(time.time())
+
+        def response(choices, usage=None):
+            return CompletionResponse(id=gen.id, created=now, model=model_name, choices=choices, usage=usage)
+
+        if req.stream:
+            async def chunks():
+                async for k, text, finish in gen.deltas():
+                    yield response([CompletionChoice(index=k, text=text, finish_reason=finish)])
+                if req.stream_options and req.stream_options.include_usage:
+                    yield response([], gen.usage())
+            return server_sent_events(chunks())
+        outs = await gen.final()
+        choices = [CompletionChoice(index=i * req.n + c.index, text=c.text, finish_reason=c.finish_reason)
+                   for i, out in enumerate(outs) for c in out.outputs]
+        return response(sorted(choices, key=lambda c: c.index), gen.usage())
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(req: ChatCompletionRequest, request: Request):
+        check_options(req, served)
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        gen = await start(served, request, req, chat_prompt(req, served.tokenizer), max_tokens, "chatcmpl")
+        now = int(time.time())
+
+        if req.stream:
+            def chunk(choices, usage=None):
+                return ChatCompletionChunk(id=gen.id, created=now, model=model_name, choices=choices, usage=usage)
+
+            async def chunks():
+                for k in range(req.n):           # OpenAI opens each choice with the role
+                    yield chunk([ChatChunkChoice(index=k, delta=Delta(role="assistant", content=""))])
+                async for k, text, finish in gen.deltas():
+                    yield chunk([ChatChunkChoice(index=k, delta=Delta(content=text or None), finish_reason=finish)])
+                if req.stream_options and req.stream_options.include_usage:
+                    yield chunk([], gen.usage())
+            return server_sent_events(chunks())
+        (out,) = await gen.final()
+        choices = [ChatChoice(index=c.index, message=AssistantMessage(content=c.text), finish_reason=c.finish_reason)
+                   for c in sorted(out.outputs, key=lambda c: c.index)]
+        return ChatCompletionResponse(id=gen.id, created=now, model=model_name, choices=choices, usage=gen.usage())
+
+    return app
+
+
+def server_sent_events(chunks) -> StreamingResponse:
+    """pydantic chunks -> `data: {json}` events, then `data: [DONE]`. The status (200) is sent
+    with the first event, so an error after that travels as an event in OpenAI's shape."""
+    async def events():
+        try:
+            async for chunk in chunks:
+                yield f"data: {chunk.model_dump_json()}\n\n"
+        except APIError as e:
+            yield f"data: {json.dumps(error_body(e.status, e.message, e.param, e.code))}\n\n"
+        except Exception as e:
+            log.exception("internal error while streaming")
+            yield f"data: {json.dumps(error_body(500, f'internal error: {type(e).__name__}'))}\n\n"
+        yield "data: [DONE]\n\n"
+    return StreamingResponse(events(), media_type="text/event-stream")

@@ -1,0 +1,197 @@
+"""The async front of the engine (vLLM's AsyncLLMEngine): many clients, one engine.
+
+The engine is not thread-safe and `step()` is blocking work (10-200 ms of matmuls), so:
+  - exactly one thread, the engine loop, ever calls into the engine. It steps while there
+    is work and sleeps on an event when there is none;
+  - the asyncio side (the HTTP handlers) never touches the engine: it sends commands
+    ("add these prompts", "abort these requests") through a thread-safe queue and wakes
+    the loop;
+  - each HTTP request's outputs come back on its own asyncio.Queue, filled from the loop
+    thread with `loop.call_soon_threadsafe` (an asyncio.Queue is not thread-safe itself).
+
+    handler ──add/abort──► command queue ──► engine loop thread: add_request / step()
+    handler ◄──outputs─── RequestStream.queue ◄── call_soon_threadsafe ◄──┘
+
+A new request joins the running batch at the next step (continuous batching). A client
+that goes away aborts its requests, and their KV blocks are free for the next step.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+
+log = logging.getLogger("minillm.server")
+
+
+class QueueFull(Exception):
+    """The waiting queue holds max_waiting_requests already: try again later (HTTP 503)."""
+
+
+class RequestStream:
+    """One HTTP request's engine requests (one per prompt) and the queue their outputs
+    arrive on. Iterate it for (prompt index, RequestOutput) until every request finished;
+    `abort()` (or leaving `async with`) cancels what is still running."""
+
+    def __init__(self, front: "AsyncEngine", request_ids: list[str], prompts: list, params: list,
+                 priority: int):
+        self.front, self.request_ids = front, request_ids
+        self.prompts, self.params, self.priority = prompts, params, priority
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.unfinished = set(request_ids)
+        self.index = {rid: i for i, rid in enumerate(request_ids)}
+
+    def deliver(self, item) -> None:
+        """Called from the engine thread: hand an item to the event loop's queue."""
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:          # the event loop is closed: nobody is listening any more
+            pass
+
+    def __aiter__(self):
+        return self._outputs()
+
+    async def _outputs(self):
+        while self.unfinished:
+            kind, value = await self.queue.get()
+            if kind == "closed":
+                return
+            if kind == "failed":
+                raise value
+            if value.finished:
+                self.unfinished.discard(value.request_id)
+            yield self.index[value.request_id], value
+
+    def abort(self) -> None:
+        """Stop whatever is unfinished (the client went away); iteration ends."""
+        if self.unfinished:
+            self.front.send(("abort", list(self.unfinished)))
+            self.unfinished.clear()
+            self.queue.put_nowait(("closed", None))
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        self.abort()
+
+
+class AsyncEngine:
+    def __init__(self, engine, max_waiting_requests: int | None = None):
+        self.engine = engine                      # touched by the loop thread only
+        self.max_model_len = engine.max_model_len  # constant: safe to read anywhere
+        self.max_waiting_requests = max_waiting_requests
+        self.snapshot: dict = {}                  # the engine's gauges after the latest step
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._streams: dict[str, RequestStream] = {}     # request id -> its stream (loop thread)
+        self._thread: threading.Thread | None = None
+        self._running = False
+
+    # -- the asyncio side --------------------------------------------------------------
+    def start(self) -> None:
+        self._running = True
+        self._take_snapshot()
+        self._thread = threading.Thread(target=self._loop, name="minillm-engine-loop", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        self._running = False
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def send(self, command: tuple) -> None:
+        self._commands.put(command)
+        self._wake.set()
+
+    async def add(self, request_ids: list[str], prompts: list, params: list, priority: int = 0) -> RequestStream:
+        """Queue one engine request per prompt; all are accepted, or none is. Raises what
+        `add_request` raised (ValueError / TypeError: the client's mistake) or QueueFull,
+        before any output exists, so the handler can still answer with an error status."""
+        stream = RequestStream(self, request_ids, prompts, params, priority)
+        self.send(("add", stream))
+        try:
+            kind, error = await stream.queue.get()
+        except asyncio.CancelledError:      # the client left while we waited: undo the add
+            stream.abort()
+            raise
+        if kind != "accepted":
+            raise error
+        return stream
+
+    # -- the engine loop thread --------------------------------------------------------
+    def _loop(self) -> None:
+        while self._running:
+            try:
+                self._run_commands()
+                if self.engine.has_unfinished_requests():
+                    self._step()
+                else:
+                    self._take_snapshot()
+                    self._wake.wait()       # idle: sleep until a command arrives
+                    self._wake.clear()
+            except Exception as e:          # the engine fails requests itself; this is a bug
+                log.exception("the engine loop failed; failing every request in flight")
+                self._fail_all(e)
+        self._fail_all(RuntimeError("the server is shutting down"))
+
+    def _fail_all(self, error: Exception) -> None:
+        for rid, stream in list(self._streams.items()):
+            self.engine.abort_request(rid)
+            stream.deliver(("failed", error))
+        self._streams.clear()
+
+    def _run_commands(self) -> None:
+        while True:
+            try:
+                command, arg = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if command == "add":
+                self._add(arg)
+            else:
+                for rid in arg:
+                    self._streams.pop(rid, None)
+                    self.engine.abort_request(rid)
+
+    def _add(self, stream: RequestStream) -> None:
+        limit, waiting = self.max_waiting_requests, len(self.engine.scheduler.waiting)
+        if limit is not None and waiting + len(stream.prompts) > limit:
+            stream.deliver(("rejected", QueueFull(f"{waiting} requests are waiting already "
+                                                  f"(max_waiting_requests={limit}); retry later")))
+            return
+        added = []
+        try:
+            for rid, prompt, params in zip(stream.request_ids, stream.prompts, stream.params):
+                self.engine.add_request(rid, prompt, params, stream.priority)
+                added.append(rid)
+        except Exception as e:              # ValueError/TypeError: a bad request; else our bug
+            for rid in added:
+                self.engine.abort_request(rid)
+            stream.deliver(("rejected", e))
+            return
+        for rid in added:
+            self._streams[rid] = stream
+        stream.deliver(("accepted", None))
+
+    def _step(self) -> None:
+        for out in self.engine.step():
+            stream = self._streams.get(out.request_id)
+            if stream is None:              # aborted meanwhile
+                continue
+            if out.finished:
+                del self._streams[out.request_id]
+            stream.deliver(("output", out))
+        self._take_snapshot()
+
+    def _take_snapshot(self) -> None:
+        s = self.engine.scheduler
+        self.snapshot = dict(self.engine.stats(), num_running=len(s.running),
+                             num_waiting=len(s.waiting), num_swapped=len(s.swapped))

@@ -1,0 +1,156 @@
+"""From an OpenAI request to engine requests, and from engine outputs back to choices.
+
+    CompletionRequest / ChatCompletionRequest
+        │ check model and options, tokenize (chat: through the model's chat template)
+        ▼
+    one engine request per prompt, each with its SamplingParams ──► AsyncEngine.add
+        │ outputs as they arrive (each carries the whole text so far)
+        ▼
+    Generation.deltas(): (choice index, new text, finish reason)  ──► SSE chunks, or one response
+
+Choices are numbered prompt-major, as OpenAI does: prompt i's j-th sample is choice i * n + j.
+The engine's text only ever grows (stopping.py holds back what is unsettled), so a
+choice's new text is simply `text[len(sent):]`.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+
+from ..outputs import RequestOutput
+from ..sampling import SamplingParams
+from .async_engine import AsyncEngine, QueueFull, RequestStream
+from .errors import APIError, bad_request
+from .metrics import Metrics
+from .protocol import ChatCompletionRequest, CompletionRequest, PromptTokensDetails, SamplingFields, Usage
+
+
+class Served:
+    """What the handlers share: the engine's front, its tokenizer, metrics, the model's name."""
+
+    def __init__(self, front: AsyncEngine, tokenizer, model_name: str):
+        self.front, self.tokenizer, self.model_name = front, tokenizer, model_name
+        self.metrics = Metrics(front)
+
+
+def check_options(req: SamplingFields, served: Served) -> None:
+    if req.model is not None and req.model != served.model_name:
+        raise APIError(404, f"the model '{req.model}' does not exist; this server serves "
+                            f"'{served.model_name}'", "model", "model_not_found")
+    name = req.unsupported()
+    if name is not None:
+        raise APIError(400, f"{name} is not supported yet", name, "unsupported_parameter")
+    if req.stream_options is not None and not req.stream:
+        raise APIError(400, "stream_options is only allowed when stream is true", "stream_options")
+
+
+def completion_prompts(req: CompletionRequest, tokenizer) -> list[list[int]]:
+    """A string, a list of strings, a list of token ids or a list of them -> token id lists."""
+    p = req.prompt
+    if isinstance(p, list) and not p:
+        raise APIError(400, "prompt must not be an empty list", "prompt")
+    if isinstance(p, str) or isinstance(p[0], str):
+        try:
+            return [tokenizer.encode(text) for text in ([p] if isinstance(p, str) else p)]
+        except ValueError as e:
+            raise APIError(400, str(e), "prompt") from None
+    return [p] if isinstance(p[0], int) else list(p)
+
+
+def chat_prompt(req: ChatCompletionRequest, tokenizer) -> list[list[int]]:
+    try:
+        return [tokenizer.apply_chat_template([m.as_template_input() for m in req.messages])]
+    except (ValueError, TypeError) as e:
+        raise APIError(400, str(e), "messages") from None
+
+
+def sampling_params(req: SamplingFields, max_tokens: int | None, prompt_len: int, max_model_len: int):
+    """SamplingParams for one prompt. Without max_tokens, the request may run to
+    max_model_len, as in vLLM. SamplingParams checks every range and names the field."""
+    if max_tokens is None:
+        max_tokens = max(1, max_model_len - prompt_len)
+    try:
+        return SamplingParams(n=req.n, max_tokens=max_tokens,
+                              temperature=1.0 if req.temperature is None else req.temperature,
+                              top_p=1.0 if req.top_p is None else req.top_p,
+                              top_k=0 if req.top_k is None else req.top_k,
+                              seed=req.seed, stop=req.stop, ignore_eos=req.ignore_eos)
+    except (ValueError, TypeError) as e:
+        raise bad_request(e) from None
+
+
+async def start(served: Served, http_request, req: SamplingFields, prompts: list[list[int]],
+                max_tokens: int | None, prefix: str) -> "Generation":
+    params = [sampling_params(req, max_tokens, len(p), served.front.max_model_len) for p in prompts]
+    request_id = f"{prefix}-{uuid.uuid4().hex}"
+    ids = [f"{request_id}-{i}" for i in range(len(prompts))]
+    try:
+        stream = await served.front.add(ids, prompts, params, req.priority)
+    except QueueFull as e:
+        raise APIError(503, str(e), code="queue_full") from None
+    except (ValueError, TypeError) as e:
+        raise bad_request(e) from None
+    return Generation(served, http_request, stream, request_id, req.n)
+
+
+class Generation:
+    """One HTTP request's generation: its outputs as text deltas, or all at once."""
+
+    def __init__(self, served: Served, http_request, stream: RequestStream, request_id: str, n: int):
+        self.http_request, self.stream, self.id, self.n = http_request, stream, request_id, n
+        self.clocks = [served.metrics.clock() for _ in stream.request_ids]
+        self.last: list[RequestOutput | None] = [None] * len(stream.request_ids)
+
+    async def deltas(self):
+        """Yield (choice index, new text, finish reason or None) as the engine produces them."""
+        sent: dict[int, str] = {}
+        reported: set[int] = set()
+        async with self.stream, abort_on_disconnect(self.http_request, self.stream):
+            async for i, out in self.stream:
+                self.clocks[i].observe(out)
+                self.last[i] = out
+                error = getattr(out, "error", None)
+                if error is not None:
+                    raise APIError(500, f"the engine failed this request: {error}", code="engine_error")
+                for o in out.outputs:
+                    k = i * self.n + o.index
+                    text = o.text[len(sent.get(k, "")):]
+                    finish = o.finish_reason if o.finish_reason and k not in reported else None
+                    if text or finish:
+                        sent[k] = o.text
+                        if finish:
+                            reported.add(k)
+                        yield k, text, finish
+
+    async def final(self) -> list[RequestOutput]:
+        """Run to the end; the last output of each prompt."""
+        async for _ in self.deltas():
+            pass
+        if any(out is None or not out.finished for out in self.last):
+            raise APIError(400, "the client closed the connection", code="client_disconnected")
+        return self.last
+
+    def usage(self) -> Usage:
+        outs = [o for o in self.last if o is not None]
+        prompt = sum(len(o.prompt_token_ids) for o in outs)
+        completion = sum(len(c.token_ids) for o in outs for c in o.outputs)
+        cached = sum(o.num_cached_tokens for o in outs)
+        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                     prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+
+
+@contextlib.asynccontextmanager
+async def abort_on_disconnect(http_request, stream: RequestStream):
+    """Abort the stream as soon as the client disconnects, even while it waits in the queue
+    and no chunk is being sent (a failed send would notice only at the next token)."""
+    async def watch():
+        while (await http_request.receive())["type"] != "http.disconnect":
+            pass
+        stream.abort()
+
+    task = asyncio.create_task(watch())
+    try:
+        yield
+    finally:
+        task.cancel()

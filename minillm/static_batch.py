@@ -1,0 +1,66 @@
+"""Lesson 02: static batching over the contiguous KV cache.
+
+One cache row per prompt, reserved for the whole run: prefill each prompt, then
+decode every unfinished row together until all have ended. A row that finishes
+early keeps its slot (and its reserved memory) until the last one is done: the
+waste that continuous batching (lesson 05) removes.
+"""
+from __future__ import annotations
+
+import torch
+
+from .kv.contiguous import ContiguousKVCache
+from .outputs import CompletionOutput
+from .sampling import SamplingParams, make_generator, sample
+from .stopping import StopChecker
+from .tokenizer import prompt_to_ids
+
+
+@torch.inference_mode()
+def generate_static_batch(model, tokenizer, prompts: list, params: SamplingParams | None = None,
+                          max_len: int | None = None, cache_cls=ContiguousKVCache):
+    """Static batching: one cache row per prompt, reserved for the whole run.
+    Prefill each prompt, then decode all unfinished rows together until every one ends.
+    Returns (outputs, cache) so a lesson can inspect the cache afterwards."""
+    params = params or SamplingParams()
+    if params.n != 1:
+        raise NotImplementedError("n > 1 needs the paged engine (lesson 04)")
+    prompt_ids = [prompt_to_ids(tokenizer, p) for p in prompts]
+    max_len = max_len or max(len(p) for p in prompt_ids) + params.max_tokens
+    cache = cache_cls.for_model(model, len(prompt_ids), max_len)
+    eos = tokenizer.eos_token_ids if tokenizer is not None else model.config.eos_token_ids
+    stoppers = [StopChecker(params, tokenizer, eos) for _ in prompt_ids]
+    generators = [make_generator(params, model.device) for _ in prompt_ids]
+    outputs: list[list[int]] = [[] for _ in prompt_ids]
+    finish: list[str | None] = [None] * len(prompt_ids)
+    device = model.device
+
+    def step(rows, new_tokens, starts):
+        """One forward for `rows`, each adding len(new_tokens[i]) tokens; sample one token per row."""
+        T = len(new_tokens[0])
+        cache.set_step(rows, starts, T)
+        ids = torch.tensor([t for toks in new_tokens for t in toks], device=device)
+        positions = cache.positions.reshape(-1)
+        hidden = model(ids, positions, cache)
+        last = hidden.view(len(rows), T, -1)[:, -1]
+        tokens = sample(model.compute_logits(last), [params] * len(rows), [generators[r] for r in rows])
+        for r, tok in zip(rows, tokens.tolist()):
+            outputs[r].append(tok)
+            finish[r] = stoppers[r].check(outputs[r])
+
+    for r, ids in enumerate(prompt_ids):                  # prefill, one prompt at a time
+        step([r], [ids], [0])
+    while True:                                           # decode every unfinished row together
+        rows = [r for r in range(len(prompt_ids)) if finish[r] is None]
+        if not rows:
+            break
+        step(rows, [[outputs[r][-1]] for r in rows],
+             [len(prompt_ids[r]) + len(outputs[r]) - 1 for r in rows])
+    results = [CompletionOutput(0, s.text, o, f) for s, o, f in zip(stoppers, outputs, finish)]
+    return results, cache
+
+
+def generate_with_cache(model, tokenizer, prompt, params: SamplingParams | None = None) -> CompletionOutput:
+    """One prompt through the contiguous cache: a static batch of one."""
+    outputs, _ = generate_static_batch(model, tokenizer, [prompt], params)
+    return outputs[0]

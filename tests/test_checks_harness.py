@@ -1,0 +1,64 @@
+"""The graders as a package (minillm.checks): every grader importable from the package and
+from its lesson's module, in any import order, and the shared engine stage that fails
+instead of hanging.
+"""
+import subprocess
+import sys
+
+import pytest
+
+from minillm import checks
+from minillm.checks import engine_runs, harness
+
+GRADER_MODULES = {
+    "lesson00": ["check_rope"],
+    "lesson01_sampling": ["check_top_k", "check_top_p", "check_sampler"],
+    "lesson01_generation": ["check_generate_naive"],
+    "lesson02": ["check_contiguous_cache"],
+    "lesson03": ["check_block_allocator", "check_slot_mapping"],
+    "lesson04_prefix_cache": ["check_block_hash", "check_prefix_cache"],
+    "lesson04_copy_on_write": ["check_copy_on_write"],
+    "lesson05": ["check_scheduler"],
+    "lesson06": ["check_preemption", "check_swap"],
+}
+
+
+def test_graders_are_importable_from_checks_and_their_own_module():
+    import importlib
+
+    from minillm.checks import check_block_allocator, check_swap
+    from minillm.checks.lesson03 import check_block_allocator as from_lesson03
+    from minillm.checks.lesson06 import check_swap as from_lesson06
+    assert check_block_allocator is from_lesson03 and check_swap is from_lesson06
+    graders = [name for names in GRADER_MODULES.values() for name in names]
+    assert sorted(checks.__all__) == sorted(graders) and len(graders) == 14
+    for module, names in GRADER_MODULES.items():
+        lesson = importlib.import_module(f"minillm.checks.{module}")
+        for name in names:
+            assert getattr(checks, name) is getattr(lesson, name)
+
+
+@pytest.mark.parametrize("first", ["minillm.checks.lesson06", "minillm.checks.harness", "minillm.checks"])
+def test_graders_import_in_any_order(first):
+    script = (f"import {first}\n"
+              "from minillm.checks import check_rope, check_top_p, check_swap\n"
+              "import minillm.checks.lesson06 as l6\n"
+              "assert check_swap is l6.check_swap\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
+# ---------------------------------------------------------------- the engine stage of every grader
+
+def test_engine_stage_fails_instead_of_hanging_on_a_scheduler_that_never_schedules():
+    from minillm.scheduler import Scheduler, SchedulerOutput
+
+    class Idle(Scheduler):
+        def schedule(self):
+            return SchedulerOutput()
+
+    g = harness.Grader("check_scheduler", "your schedule()")
+    engine = engine_runs.make_engine(g, "scheduler_cls=Idle", scheduler_cls=Idle, num_kv_blocks=8, block_size=4)
+    with pytest.raises(AssertionError, match=r"did not finish 2 short requests in 20 steps \(2 waiting, 0 running"):
+        engine_runs.drive(g, engine, ["Hi", "Hello"], engine_runs.GREEDY, "scheduler_cls=Idle", "stuck",
+                          max_steps=20)

@@ -1,0 +1,132 @@
+"""Tests of the grader of lesson 05 (minillm.checks.lesson05).
+
+The reference passes it, an independent correct piece passes, and planted mistakes —
+the ones learners actually make — are rejected with a hint that names the problem.
+Addressable per lesson task: `pytest -k check_scheduler`.
+"""
+import pytest
+from checks_support import rejects
+
+from minillm import checks
+from minillm.scheduler import Scheduler
+from minillm.sequence import Status
+
+
+# ---------------------------------------------------------------- lesson 05: scheduler
+
+class _PlantedScheduler(Scheduler):
+    """The reference schedule (fcfs/priority admission, preemption) with one knob per classic mistake."""
+    lifo = admit_only_when_idle = ignore_budget = prefill_first = never_chunk = skip_append = no_preempt = False
+
+    def schedule(self):
+        from minillm.scheduler import SchedulerOutput
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        for queue in (self.running, self.swapped):
+            queue.sort(key=self.rank)
+        self.waiting.sort(key=self.rank, reverse=self.lifo)
+        if self.prefill_first:
+            budget = self._admit(out, budget)
+            return self._keep_running(out, budget, skip=[s for s, _ in out.scheduled])[0]
+        was_running = bool(self.running)
+        out, budget, preempted = self._keep_running(out, budget)
+        if preempted or (self.admit_only_when_idle and was_running):
+            return out
+        self._admit(out, budget)
+        return out
+
+    def _keep_running(self, out, budget, skip=()):
+        preempted = False
+        for seq in list(self.running):
+            if seq in skip or seq.status is not Status.RUNNING or budget <= 0:
+                continue
+            n = seq.num_uncomputed_tokens if self.ignore_budget else min(seq.num_uncomputed_tokens, budget)
+            while not self.no_preempt and not self.bm.can_append(seq, n):
+                victim = self.pick_victim()
+                self._preempt(victim, out)
+                preempted = True
+                if victim is seq:
+                    break
+            if seq.status is Status.RUNNING:
+                if not self.skip_append:
+                    self.bm.append_slots(seq, n)
+                out.scheduled.append((seq, n))
+                budget -= n
+        return out, budget, preempted
+
+    def _admit(self, out, budget):
+        while (budget > 0 or self.ignore_budget) and len(self.running) < self.max_num_seqs and self.waiting:
+            seq = self.waiting[0]
+            if not self.bm.can_allocate(seq):
+                break
+            self.bm.allocate(seq)
+            n = seq.num_uncomputed_tokens
+            if n > budget and not self.ignore_budget and (self.never_chunk or not self.chunked):
+                self.bm.free(seq)
+                break
+            if not self.ignore_budget:
+                n = min(n, budget)
+            self.waiting.remove(seq)
+            if not self.skip_append:
+                self.bm.append_slots(seq, n)
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            out.scheduled.append((seq, n))
+            budget -= n
+        return budget
+
+
+class SchedulerLIFO(_PlantedScheduler):
+    lifo = True
+
+
+class SchedulerAdmitsOnlyWhenIdle(_PlantedScheduler):
+    admit_only_when_idle = True
+
+
+class SchedulerIgnoresBudget(_PlantedScheduler):
+    ignore_budget = True
+
+
+class SchedulerPrefillFirst(_PlantedScheduler):
+    prefill_first = True
+
+
+class SchedulerNeverChunks(_PlantedScheduler):
+    never_chunk = True
+
+
+class SchedulerSkipsAppendSlots(_PlantedScheduler):
+    skip_append = True
+
+
+class SchedulerNeverPreempts(_PlantedScheduler):
+    no_preempt = True
+
+
+class SchedulerSkeleton(Scheduler):
+    def schedule(self):
+        raise NotImplementedError
+
+
+def test_check_scheduler_passes_reference():
+    assert checks.check_scheduler(Scheduler) is True
+
+
+def test_check_scheduler_accepts_the_planted_base_with_no_knob_turned():
+    assert checks.check_scheduler(_PlantedScheduler) is True
+
+
+@pytest.mark.parametrize("bad, match", [
+    (SchedulerLIFO, "arrived earlier"),
+    (SchedulerAdmitsOnlyWhenIdle, "left waiting though it fits"),
+    (SchedulerIgnoresBudget, "more than max_num_batched_tokens"),
+    (SchedulerPrefillFirst, "was running but got no tokens"),
+    (SchedulerNeverChunks, "first chunk of min"),
+    (SchedulerSkipsAppendSlots, "append_slots"),
+    (SchedulerNeverPreempts, r"NoFreeBlocksError(.|\n)*self._preempt\(victim, out\)"),
+    (SchedulerSkeleton, "not implemented"),
+], ids=["lifo_starves", "admits_only_when_idle", "exceeds_token_budget", "drops_decodes_for_prefills",
+        "never_chunks", "skips_append_slots", "never_preempts", "skeleton"])
+def test_check_scheduler_rejects(bad, match):
+    rejects(checks.check_scheduler, bad, match)
