@@ -88,3 +88,34 @@ def test_serve_bad_engine_option_is_a_clear_error():
     r = run("serve", "--model", "tiny-llama", "--block-size", "0")
     assert r.returncode == 2
     assert "EngineConfig.block_size must be" in r.stderr
+
+
+def test_bench_serve_quick_measures_a_real_server(tmp_path):
+    """bench serve starts `minillm serve` in its own process, sends a seeded Poisson workload,
+    and reports per-rate latency percentiles; every request completes."""
+    out = tmp_path / "serve.json"
+    r = run("bench", "serve", "--quick", "--model", "tiny-llama", "--request-rate", "4", "inf",
+            "--num-prompts", "6", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    report = json.loads(out.read_text())
+    rows = report["rows"]
+    assert [row["rate"] for row in rows] == [4.0, float("inf")]
+    for row in rows:
+        assert row["completed"] == 6 and row["failed"] == 0, row
+        assert 0 < row["ttft_p50"] <= row["ttft_p99"] and row["output_throughput"] > 0
+        assert row["goodput"] <= row["request_throughput"]
+    assert "TTFT p50" in r.stdout
+
+
+def test_bench_serve_arrivals_and_percentiles():
+    from minillm.bench.serve import percentile, poisson_arrivals, summarize
+    times = poisson_arrivals(1000, 10.0, seed=1)
+    assert times == poisson_arrivals(1000, 10.0, seed=1) and times == sorted(times)
+    assert 80 < times[-1] < 120                               # 1000 arrivals at 10/s take ~100 s
+    assert poisson_arrivals(3, float("inf"), 0) == [0.0, 0.0, 0.0]
+    assert percentile([3, 1, 2, 4], 50) in (2, 3) and percentile([5], 99) == 5
+    results = [{"sent": 0.0, "chunks": [1.0, 1.5, 2.0], "tokens": 3, "error": None},
+               {"sent": 0.0, "chunks": [], "tokens": 0, "error": "HTTP 503"}]
+    s = summarize(results, elapsed=4.0, slo_ttft=2.0, slo_tpot=0.1)
+    assert s["completed"] == 1 and s["failed"] == 1 and s["ttft_p50"] == 1.0 and s["tpot_p50"] == 0.5
+    assert s["goodput"] == 0 and s["output_throughput"] == 3 / 4 and s["first_error"] == "HTTP 503"

@@ -210,3 +210,31 @@ def test_smollm2_chat_answers_like_the_engine():
         stop_server(srv)
     assert "Paris" in r.choices[0].message.content
     assert r.choices[0].message.content == streamed == expected.outputs[0].text
+
+
+def test_logprobs_through_both_endpoints_match_the_engine(client, tiny):
+    """The sampled tokens' logprobs and the top k, in OpenAI's shapes, equal the engine's
+    (which tests/test_logprobs.py checks against the model's own log-softmax)."""
+    model, tokenizer = tiny
+    engine = LLMEngine(model, tokenizer, **OPTIONS)
+    want = engine.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=5, logprobs=2))[0].outputs[0]
+    r = client.completions.create(model="tiny-llama", prompt=PROMPTS[0], max_tokens=5, temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert lp.token_logprobs == pytest.approx([s[t].logprob for s, t in zip(want.logprobs, want.token_ids)])
+    assert lp.tokens == [tokenizer.decode([t], skip_special_tokens=False) for t in want.token_ids]
+    assert all(len(top) in (2, 3) and max(top.values()) == pytest.approx(lp.token_logprobs[i])
+               for i, top in enumerate(lp.top_logprobs))                  # greedy: the sampled token is the best
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(5)]
+    streamed = client.completions.create(model="tiny-llama", prompt=PROMPTS[0], max_tokens=5, temperature=0,
+                                         logprobs=2, stream=True)
+    got = [x for chunk in streamed for c in chunk.choices if c.logprobs for x in c.logprobs.token_logprobs]
+    assert got == pytest.approx(lp.token_logprobs)
+
+    chat = client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "Hi"}],
+                                          max_tokens=4, temperature=0, logprobs=True, top_logprobs=3)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 4 and all(len(c.top_logprobs) == 3 for c in content)
+    assert all(c.top_logprobs[0].logprob == pytest.approx(c.logprob) for c in content)     # greedy
+    assert all(a.logprob >= b.logprob for c in content for a, b in zip(c.top_logprobs, c.top_logprobs[1:]))
+    assert client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "Hi"}],
+                                          max_tokens=2).choices[0].logprobs is None

@@ -83,7 +83,8 @@ CASES = [
     ("stop is an empty string", "POST", "/v1/completions", with_(OK, stop=[""]), AUTH, 400, "stop"),
     ("priority is a string", "POST", "/v1/completions", with_(OK, priority="high"), AUTH, 400, "priority"),
     ("ignore_eos is a string", "POST", "/v1/completions", with_(OK, ignore_eos="yes"), AUTH, 400, "ignore_eos"),
-    ("logprobs asked for", "POST", "/v1/completions", with_(OK, logprobs=1), AUTH, 400, "logprobs"),
+    ("logprobs over 20", "POST", "/v1/completions", with_(OK, logprobs=21), AUTH, 400, "logprobs"),
+    ("logprobs negative", "POST", "/v1/completions", with_(OK, logprobs=-1), AUTH, 400, "logprobs"),
     ("echo asked for", "POST", "/v1/completions", with_(OK, echo=True), AUTH, 400, "echo"),
     ("presence penalty asked for", "POST", "/v1/completions", with_(OK, presence_penalty=0.5), AUTH, 400,
      "presence_penalty"),
@@ -103,8 +104,10 @@ CASES = [
     ("chat: an image part", "POST", "/v1/chat/completions",
      with_(CHAT_OK, messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
      AUTH, 400, "messages.0.content"),
-    ("chat: logprobs asked for", "POST", "/v1/chat/completions", with_(CHAT_OK, logprobs=True), AUTH, 400,
-     "logprobs"),
+    ("chat: top_logprobs without logprobs", "POST", "/v1/chat/completions", with_(CHAT_OK, top_logprobs=2),
+     AUTH, 400, "top_logprobs"),
+    ("chat: top_logprobs over 20", "POST", "/v1/chat/completions",
+     with_(CHAT_OK, logprobs=True, top_logprobs=21), AUTH, 400, "logprobs"),
     ("chat: max_completion_tokens = 0", "POST", "/v1/chat/completions",
      with_(CHAT_OK, max_completion_tokens=0), AUTH, 400, "max_tokens"),
     ("chat: unknown model", "POST", "/v1/chat/completions", with_(CHAT_OK, model="nope"), AUTH, 404, "model"),
@@ -179,7 +182,7 @@ def test_the_openai_client_raises_the_matching_exceptions(server):
         openai.OpenAI(base_url=server.url + "/v1", api_key="bad", max_retries=0).models.list()
     with pytest.raises(openai.BadRequestError, match="not supported"):
         client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "x"}],
-                                       logprobs=True)
+                                       presence_penalty=1.0)
 
 
 def test_full_waiting_queue_is_a_503(tiny):

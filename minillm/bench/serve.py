@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
+import tempfile
 import time
 
 import httpx
@@ -142,7 +144,8 @@ def main(args) -> dict:
             port = args.port or free_port()
             command = (minillm_command(args.model, port) if name == "minillm"
                        else transformers_command(folder, port))
-            server = ServerProcess(command, port, log=f"{name}-server.log")
+            log = os.path.join(tempfile.gettempdir(), f"minillm-bench-{name}-{port}.log")
+            server = ServerProcess(command, port, log=log)       # its output, for when it fails to start
         else:
             server = None
         with (server or _Nothing()) as live:

@@ -29,6 +29,7 @@ from .guards import DEFAULT_MAX_BODY_BYTES, Guards
 from .protocol import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
                        ChatCompletionResponse, CompletionChoice, CompletionRequest, CompletionResponse, Delta,
                        ModelCard, ModelList)
+from .logprobs import chat_logprobs, completion_logprobs
 from .serving import Served, chat_prompt, check_options, completion_prompts, start
 
 log = logging.getLogger("minillm.server")
@@ -78,15 +79,24 @@ def build_app(engine, model_name: str, *, api_key: str | None = None,
         def response(choices, usage=None):
             return CompletionResponse(id=gen.id, created=now, model=model_name, choices=choices, usage=usage)
 
+        k_top = req.logprobs_k()
+
         if req.stream:
             async def chunks():
-                async for k, text, finish in gen.deltas():
-                    yield response([CompletionChoice(index=k, text=text, finish_reason=finish)])
+                offsets: dict[int, int] = {}
+                async for k, text, finish, steps in gen.deltas():
+                    lp = None
+                    if steps is not None:
+                        lp = completion_logprobs(*steps, k_top, offsets.get(k, 0))
+                        offsets[k] = offsets.get(k, 0) + sum(len(t) for t in lp.tokens)
+                    yield response([CompletionChoice(index=k, text=text, finish_reason=finish, logprobs=lp)])
                 if req.stream_options and req.stream_options.include_usage:
                     yield response([], gen.usage())
             return server_sent_events(chunks())
         outs = await gen.final()
-        choices = [CompletionChoice(index=i * req.n + c.index, text=c.text, finish_reason=c.finish_reason)
+        choices = [CompletionChoice(index=i * req.n + c.index, text=c.text, finish_reason=c.finish_reason,
+                                    logprobs=None if c.logprobs is None else
+                                    completion_logprobs(c.logprobs, c.token_ids, k_top))
                    for i, out in enumerate(outs) for c in out.outputs]
         return response(sorted(choices, key=lambda c: c.index), gen.usage())
 
@@ -94,6 +104,10 @@ def build_app(engine, model_name: str, *, api_key: str | None = None,
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         check_options(req, served)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        try:
+            k_top = req.logprobs_k()
+        except ValueError as e:
+            raise APIError(400, str(e), "top_logprobs") from None
         gen = await start(served, request, req, chat_prompt(req, served.tokenizer), max_tokens, "chatcmpl")
         now = int(time.time())
 
@@ -104,13 +118,16 @@ def build_app(engine, model_name: str, *, api_key: str | None = None,
             async def chunks():
                 for k in range(req.n):           # OpenAI opens each choice with the role
                     yield chunk([ChatChunkChoice(index=k, delta=Delta(role="assistant", content=""))])
-                async for k, text, finish in gen.deltas():
-                    yield chunk([ChatChunkChoice(index=k, delta=Delta(content=text or None), finish_reason=finish)])
+                async for k, text, finish, steps in gen.deltas():
+                    lp = None if steps is None else chat_logprobs(*steps, k_top)
+                    yield chunk([ChatChunkChoice(index=k, delta=Delta(content=text or None), finish_reason=finish,
+                                                 logprobs=lp)])
                 if req.stream_options and req.stream_options.include_usage:
                     yield chunk([], gen.usage())
             return server_sent_events(chunks())
         (out,) = await gen.final()
-        choices = [ChatChoice(index=c.index, message=AssistantMessage(content=c.text), finish_reason=c.finish_reason)
+        choices = [ChatChoice(index=c.index, message=AssistantMessage(content=c.text), finish_reason=c.finish_reason,
+                              logprobs=None if c.logprobs is None else chat_logprobs(c.logprobs, c.token_ids, k_top))
                    for c in sorted(out.outputs, key=lambda c: c.index)]
         return ChatCompletionResponse(id=gen.id, created=now, model=model_name, choices=choices, usage=gen.usage())
 

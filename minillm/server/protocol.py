@@ -3,8 +3,8 @@
 Requests are strict: a field of the wrong type is refused, never coerced (`"n": "2"` or
 `"max_tokens": 1.5` is a 400, as with OpenAI), and an unknown field is refused too, so a
 client never believes an option took effect when it was silently dropped. Options we
-know but do not implement yet (logprobs, penalties, ...) are accepted only at their
-neutral value; `unsupported()` names any that is set.
+know but do not implement yet (penalties, logit_bias, echo, ...) are accepted only at
+their neutral value; `unsupported()` names any that is set.
 Ranges (temperature in [0, 100], top_p in (0, 1], ...) are checked once, by
 `SamplingParams`, which the engine needs anyway.
 """
@@ -46,6 +46,9 @@ class SamplingFields(Strict):
     frequency_penalty: Optional[Number] = None
     logit_bias: Optional[dict[str, Number]] = None
 
+    def logprobs_k(self) -> Optional[int]:
+        return None
+
     def unsupported(self) -> Optional[str]:
         """The first option that is set but not implemented, or None."""
         if self.presence_penalty or self.frequency_penalty:
@@ -60,9 +63,11 @@ class CompletionRequest(SamplingFields):
     suffix: Optional[StrictStr] = None
     best_of: Optional[StrictInt] = None
 
+    def logprobs_k(self) -> Optional[int]:
+        """How many top logprobs to return per token (None: no logprobs)."""
+        return self.logprobs
+
     def unsupported(self) -> Optional[str]:
-        if self.logprobs is not None:
-            return "logprobs"
         if self.echo or self.suffix or (self.best_of is not None and self.best_of != self.n):
             return "echo" if self.echo else ("suffix" if self.suffix else "best_of")
         return super().unsupported()
@@ -91,13 +96,35 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: StrictBool = False
     top_logprobs: Optional[StrictInt] = None
 
-    def unsupported(self) -> Optional[str]:
-        if self.logprobs or self.top_logprobs is not None:
-            return "logprobs"
-        return super().unsupported()
+    def logprobs_k(self) -> Optional[int]:
+        """How many top logprobs to return per token (None: no logprobs), as the engine counts."""
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("SamplingParams.logprobs must be requested (logprobs: true) to use top_logprobs")
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 # -- responses -----------------------------------------------------------------------
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str] = []
+    token_logprobs: list[float] = []
+    top_logprobs: list[dict[str, float]] = []
+    text_offset: list[int] = []
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: Optional[list[int]] = None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = []
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob] = []
+
 
 class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0
@@ -113,7 +140,7 @@ class Usage(BaseModel):
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: Optional[CompletionLogprobs] = None
     finish_reason: Optional[str] = None
 
 
@@ -134,7 +161,7 @@ class AssistantMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: Optional[ChatLogprobs] = None
     finish_reason: Optional[str] = None
 
 
@@ -155,7 +182,7 @@ class Delta(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int
     delta: Delta
-    logprobs: None = None
+    logprobs: Optional[ChatLogprobs] = None
     finish_reason: Optional[str] = None
 
 

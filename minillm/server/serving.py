@@ -75,7 +75,8 @@ def sampling_params(req: SamplingFields, max_tokens: int | None, prompt_len: int
                               temperature=1.0 if req.temperature is None else req.temperature,
                               top_p=1.0 if req.top_p is None else req.top_p,
                               top_k=0 if req.top_k is None else req.top_k,
-                              seed=req.seed, stop=req.stop, ignore_eos=req.ignore_eos)
+                              seed=req.seed, stop=req.stop, ignore_eos=req.ignore_eos,
+                              logprobs=req.logprobs_k())
     except (ValueError, TypeError) as e:
         raise bad_request(e) from None
 
@@ -103,8 +104,10 @@ class Generation:
         self.last: list[RequestOutput | None] = [None] * len(stream.request_ids)
 
     async def deltas(self):
-        """Yield (choice index, new text, finish reason or None) as the engine produces them."""
+        """Yield (choice index, new text, finish reason or None, logprob steps of the tokens
+        generated since the last delta, or None) as the engine produces them."""
         sent: dict[int, str] = {}
+        sent_tokens: dict[int, int] = {}
         reported: set[int] = set()
         async with self.stream, abort_on_disconnect(self.http_request, self.stream):
             async for i, out in self.stream:
@@ -121,7 +124,11 @@ class Generation:
                         sent[k] = o.text
                         if finish:
                             reported.add(k)
-                        yield k, text, finish
+                        steps = None
+                        if o.logprobs is not None:
+                            first, sent_tokens[k] = sent_tokens.get(k, 0), len(o.logprobs)
+                            steps = (o.logprobs[first:], o.token_ids[first:len(o.logprobs)])
+                        yield k, text, finish, steps
 
     async def final(self) -> list[RequestOutput]:
         """Run to the end; the last output of each prompt."""
