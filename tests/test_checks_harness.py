@@ -20,6 +20,8 @@ GRADER_MODULES = {
     "lesson04_copy_on_write": ["check_copy_on_write"],
     "lesson05": ["check_scheduler"],
     "lesson06": ["check_preemption", "check_swap"],
+    "lesson07_detokenizer": ["check_detokenizer"],
+    "lesson07_stream": ["check_request_stream"],
 }
 
 
@@ -31,7 +33,7 @@ def test_graders_are_importable_from_checks_and_their_own_module():
     from minillm.checks.lesson06 import check_swap as from_lesson06
     assert check_block_allocator is from_lesson03 and check_swap is from_lesson06
     graders = [name for names in GRADER_MODULES.values() for name in names]
-    assert sorted(checks.__all__) == sorted(graders) and len(graders) == 14
+    assert sorted(checks.__all__) == sorted(graders) and len(graders) == 16
     for module, names in GRADER_MODULES.items():
         lesson = importlib.import_module(f"minillm.checks.{module}")
         for name in names:
@@ -62,3 +64,58 @@ def test_engine_stage_fails_instead_of_hanging_on_a_scheduler_that_never_schedul
     with pytest.raises(AssertionError, match=r"did not finish 2 short requests in 20 steps \(2 waiting, 0 running"):
         engine_runs.drive(g, engine, ["Hi", "Hello"], engine_runs.GREEDY, "scheduler_cls=Idle", "stuck",
                           max_steps=20)
+
+
+# ---------------------------------------------------------------- what a learner sees when a check fails
+
+def test_a_failed_check_is_its_message_alone_in_a_notebook():
+    from minillm.checks import CheckFailed, check_slot_mapping
+
+    def wrong(block_table, positions, block_size):
+        return [block_table[p // block_size] + p % block_size for p in positions]
+    with pytest.raises(CheckFailed) as err:
+        check_slot_mapping(wrong)
+    assert isinstance(err.value, AssertionError) and err.value.grader == "check_slot_mapping"
+    shown = err.value._render_traceback_()                 # what IPython prints instead of a traceback
+    assert shown[0] == f"CheckFailed: {err.value}" and len(shown) == 2
+    assert "contextlib" not in "\n".join(shown) and "harness.py" not in "\n".join(shown)
+    assert err.value.__suppress_context__                  # no "During handling..." chain in a plain traceback
+
+
+def test_later_cells_fall_back_to_the_reference_until_the_check_passes(capsys):
+    from minillm.checks import check_slot_mapping, passed_or_reference
+    from minillm.attention.paged import slot_mapping as reference
+
+    def stub(block_table, positions, block_size):
+        raise NotImplementedError("YOUR CODE HERE")
+    with pytest.raises(AssertionError, match="not implemented yet"):
+        check_slot_mapping(stub)
+    assert passed_or_reference(stub, "check_slot_mapping") is reference
+    assert "note: your stub did not pass check_slot_mapping; this cell uses the reference" in capsys.readouterr().out
+    check_slot_mapping(reference)
+    capsys.readouterr()
+    assert passed_or_reference(stub, "check_slot_mapping") is stub        # the latest verdict counts
+    assert capsys.readouterr().out == ""
+
+
+def test_every_grader_has_a_reference_to_fall_back_on():
+    import importlib
+    graders = [name for names in GRADER_MODULES.values() for name in names]
+    assert set(graders) <= set(harness.REFERENCES)
+    for name in harness.REFERENCES:
+        module, attribute = harness.REFERENCES[name].split(":")
+        assert callable(getattr(importlib.import_module(module), attribute))
+
+
+def test_check_block_hash_rejects_pythons_salted_hash():
+    from minillm.checks import check_block_hash
+
+    def builtin(parent, token_ids):
+        return hash((parent, str(token_ids)))
+    with pytest.raises(AssertionError, match="salted"):
+        check_block_hash(builtin)
+
+    def dunder(parent, token_ids):                     # the same salt, without naming hash()
+        return (str(parent) + str(token_ids)).__hash__()
+    with pytest.raises(AssertionError, match="fresh Python process"):
+        check_block_hash(dunder)

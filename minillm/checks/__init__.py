@@ -25,12 +25,20 @@ went wrong and where to look.
 | 05     | check_scheduler        | a Scheduler subclass overriding schedule                 |
 | 06     | check_preemption       | a Scheduler subclass overriding pick_victim / _preempt   |
 | 06     | check_swap             | a BlockManager subclass overriding swap_out / swap_in    |
+| 07     | check_detokenizer      | minillm.detokenizer.IncrementalDetokenizer               |
+| 07     | check_request_stream   | minillm.server.async_engine.RequestStream                |
 
 Each lesson's graders live in `lessonNN*.py`, built on `harness.py` (cases, verdicts,
 hints) and, for lessons 03-06, `engine_runs.py` (engine runs compared with the
 reference's). Every case uses fixed seeds, so a check gives the same verdict every time
 it runs.
+
+A failed check raises `CheckFailed` (an AssertionError) whose notebook traceback is the
+message alone. The cells that plug your piece into the engine take
+`passed_or_reference(yours, "check_...")`: yours once its check passed, else the reference,
+with a printed note, so one unfinished exercise does not break every later cell.
 """
+from .harness import CheckFailed, passed_or_reference
 from .lesson00 import check_rope
 from .lesson01_generation import check_generate_naive
 from .lesson01_sampling import check_sampler, check_top_k, check_top_p
@@ -40,7 +48,10 @@ from .lesson04_copy_on_write import check_copy_on_write
 from .lesson04_prefix_cache import check_block_hash, check_prefix_cache
 from .lesson05 import check_scheduler
 from .lesson06 import check_preemption, check_swap
+from .lesson07_detokenizer import check_detokenizer
+from .lesson07_stream import check_request_stream
 
 __all__ = ["check_rope", "check_top_k", "check_top_p", "check_sampler", "check_generate_naive",
            "check_contiguous_cache", "check_block_allocator", "check_slot_mapping", "check_block_hash",
-           "check_prefix_cache", "check_copy_on_write", "check_scheduler", "check_preemption", "check_swap"]
+           "check_prefix_cache", "check_copy_on_write", "check_scheduler", "check_preemption", "check_swap",
+           "check_detokenizer", "check_request_stream"]

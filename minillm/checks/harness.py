@@ -3,15 +3,97 @@ turns a crash in the learner's code into a hint and prints the verdict; `expect`
 `assert` that still checks under `python -O`; `fmt`, `expect_tensor` and
 `expect_unchanged` phrase the complaints several graders make; `tiny_model` loads the
 tiny random Llama once per session; `greedy_tie` applies the course's rule that greedy
-outputs may part at a float-rounding tie. It imports no lesson module, so the lesson
-modules can be imported in any order.
+outputs may part at a float-rounding tie. `grader` wraps every `check_*`: a failed check
+is raised as `CheckFailed`, which a notebook shows as its message alone (no grader frames),
+and `RESULTS` remembers the verdict so that a lesson's later cells can fall back to the
+reference piece with `passed_or_reference` instead of failing in turn. It imports no
+lesson module, so the lesson modules can be imported in any order.
 """
 from __future__ import annotations
 
 import functools
+import importlib
 from contextlib import contextmanager
 
 import torch
+
+
+class CheckFailed(AssertionError):
+    """A grader's verdict: your piece is wrong, and `str(self)` says how.
+
+    In a notebook it shows as one short message, without the grader's own frames:
+    IPython renders an exception through its `_render_traceback_` when it has one."""
+
+    def __init__(self, message: str, grader: str = "check"):
+        super().__init__(message)
+        self.grader = grader
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"CheckFailed: {self}", f"({self.grader} did not pass: fix the exercise cell above, "
+                "run it, then run this check again)"]
+
+
+RESULTS: dict[str, bool] = {}
+"""Grader name -> whether its latest run in this process passed (see `passed_or_reference`)."""
+
+
+def grader(fn):
+    """Make `fn` a grader: a failed check (AssertionError) is raised again as `CheckFailed`
+    with the same message and no grader frames, and `RESULTS` records the verdict."""
+    name = fn.__name__
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        __tracebackhide__ = True             # pytest: hide this frame too
+        RESULTS[name] = False
+        try:
+            ok = fn(*args, **kwargs)
+        except CheckFailed:
+            raise
+        except AssertionError as e:
+            failed = CheckFailed(str(e), name)
+            failed.original = e              # the full story, for whoever debugs a grader
+            raise failed from None
+        RESULTS[name] = True
+        return ok
+
+    return run
+
+
+# grader -> the reference piece it compares yours with ("module:attribute")
+REFERENCES = {
+    "check_rope": "minillm.models.llama:apply_rope",
+    "check_top_k": "minillm.sampling:apply_top_k",
+    "check_top_p": "minillm.sampling:apply_top_p",
+    "check_sampler": "minillm.sampling:sample",
+    "check_generate_naive": "minillm.naive:generate_naive",
+    "check_contiguous_cache": "minillm.kv.contiguous:ContiguousKVCache",
+    "check_block_allocator": "minillm.kv.block_allocator:BlockAllocator",
+    "check_slot_mapping": "minillm.attention.paged:slot_mapping",
+    "check_block_hash": "minillm.kv.prefix_cache:block_hash",
+    "check_prefix_cache": "minillm.kv.prefix_cache:PrefixCache",
+    "check_copy_on_write": "minillm.kv.block_manager:BlockManager",
+    "check_scheduler": "minillm.scheduler:Scheduler",
+    "check_preemption": "minillm.scheduler:Scheduler",
+    "check_swap": "minillm.kv.block_manager:BlockManager",
+    "check_detokenizer": "minillm.detokenizer:IncrementalDetokenizer",
+    "check_request_stream": "minillm.server.async_engine:RequestStream",
+}
+
+
+def passed_or_reference(yours, check: str):
+    """`yours` when its grader `check` passed in this session, else the reference piece,
+    with a printed note: a lesson's later cells then still run (and show the real engine)
+    instead of failing one after another on an exercise that is not done yet."""
+    if RESULTS.get(check):
+        return yours
+    module, attribute = REFERENCES[check].split(":")
+    reference = getattr(importlib.import_module(module), attribute)
+    name = getattr(yours, "__name__", type(yours).__name__)
+    state = "has not been checked yet" if check not in RESULTS else f"did not pass {check}"
+    print(f"note: your {name} {state}; this cell uses the reference "
+          f"{module}.{attribute} instead (fix your {name}, run its check, then this cell again)")
+    return reference
 
 
 class Grader:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .harness import Grader, expect, expect_tensor, expect_unchanged
+from .harness import Grader, expect, expect_tensor, expect_unchanged, grader
 
 
 def _rope_variants(x, cos, sin):
@@ -30,6 +30,7 @@ def _rope_variants(x, cos, sin):
     }
 
 
+@grader
 def check_rope(fn) -> bool:
     """fn(x [N, heads, D], cos, sin) -> x rotated, like `models.llama.apply_rope`.
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..sampling import SamplingParams
-from .harness import Grader, expect, greedy_tie, tiny_model
+from .harness import Grader, expect, greedy_tie, tiny_model, grader
 
 
 def _run_generate(g, fn, model, tokenizer, prompt, params, label):
@@ -57,6 +57,7 @@ def _compare_completion(model, tokenizer, prompt, ours, reference, label, greedy
            f"got {ours.text!r}")
 
 
+@grader
 def check_generate_naive(fn) -> bool:
     """fn(model, tokenizer, prompt, params, on_token=None) -> CompletionOutput, like
     `naive.generate_naive`, on the tiny random Llama.

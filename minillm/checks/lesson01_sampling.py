@@ -10,7 +10,7 @@ import torch
 
 from .. import sampling as ref_sampling
 from ..sampling import SamplingParams
-from .harness import Grader, expect, expect_tensor, expect_unchanged, fmt
+from .harness import Grader, expect, expect_tensor, expect_unchanged, fmt, grader
 
 
 NEG_INF = float("-inf")
@@ -83,6 +83,7 @@ def _batch(seed: int, rows: int = 4, vocab: int = 32) -> torch.Tensor:
     return torch.randn(rows, vocab, generator=gen) * scale + torch.arange(rows)[:, None] * 5.0
 
 
+@grader
 def check_top_k(fn) -> bool:
     """fn(logits [V] or [B, V], top_k) -> logits with all but the k largest per row set to -inf.
 
@@ -148,6 +149,7 @@ def _top_p_verdict(logits_row, kept_row, top_p: float, label: str) -> None:
            f"top_p={top_p}: {detail}. Case: {label}")
 
 
+@grader
 def check_top_p(fn) -> bool:
     """fn(logits [V] or [B, V], top_p) -> logits outside the nucleus set to -inf.
 
@@ -189,6 +191,7 @@ def _target_probs(row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     return ref_sampling.apply_top_p(ref_sampling.apply_top_k(scaled, p.top_k), p.top_p).softmax(-1)
 
 
+@grader
 def check_sampler(fn) -> bool:
     """fn(logits [B, V], params: list[SamplingParams], generators: list[Generator | None]) -> ids [B].
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..sampling import SamplingParams
-from .harness import Grader, expect, expect_tensor, greedy_tie, tiny_model
+from .harness import Grader, expect, expect_tensor, greedy_tie, tiny_model, grader
 
 
 def _find(store: torch.Tensor, vec: torch.Tensor) -> list[tuple[int, int]]:
@@ -70,6 +70,7 @@ def _check_attention(cache, ref, out, expected, layer, step, q):
                          f"position {start[bad[0]] + bad[1]} differs from the reference: {hint}")
 
 
+@grader
 def check_contiguous_cache(cls) -> bool:
     """cls(num_layers, max_batch_size, max_len, num_kv_heads, head_dim, dtype, device), like
     `kv.contiguous.ContiguousKVCache`: for_model, set_step, attend, per-layer k/v lists of

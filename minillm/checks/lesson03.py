@@ -10,7 +10,7 @@ import torch
 
 from .engine_runs import (AMPLE_POOL, GREEDY, PROMPTS, SMALL_POOL, compare_runs, drive, expect_no_leak,
                           make_engine, reference_run)
-from .harness import Grader, expect, tiny_model
+from .harness import Grader, expect, tiny_model, grader
 
 
 ALLOWED_ERRORS = (ValueError, RuntimeError)     # what a refused allocator call may raise
@@ -46,6 +46,7 @@ def _expect_refused(g, call, doing: str, state, what: str, hint: str) -> None:
                               f"(num_free, ref_counts) {before} -> {state()}: check before you change anything")
 
 
+@grader
 def check_block_allocator(cls) -> bool:
     """cls(num_blocks), like `kv.block_allocator.BlockAllocator`: allocate() -> block id,
     incref(block), free(block), the `num_free` property, `num_blocks`, `ref_counts[block]`.
@@ -184,6 +185,7 @@ def check_block_allocator(cls) -> bool:
 
 # ---------------------------------------------------------------- lesson 03: slot mapping
 
+@grader
 def check_slot_mapping(fn) -> bool:
     """fn(block_table, positions, block_size) -> slots, like `attention.paged.slot_mapping`:
     position p lives in slot block_table[p // block_size] * block_size + p % block_size.

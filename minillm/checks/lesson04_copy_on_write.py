@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..sampling import SamplingParams
 from .engine_runs import Seqs, compare_runs, compute, drive, expect_no_leak, make_engine, reference_run
-from .harness import Grader, expect
+from .harness import Grader, expect, grader
 
 
 def _expect_cow(bm, seq, n, before_table, sibling, sibling_table, shared_idx, label):
@@ -54,6 +54,7 @@ def _expect_cow(bm, seq, n, before_table, sibling, sibling_table, shared_idx, la
     expect(copies == expected, f"{call} queued copies {copies}, expected exactly {expected}")
 
 
+@grader
 def check_copy_on_write(cls) -> bool:
     """cls: a `kv.block_manager.BlockManager` subclass overriding
     `append_slots(self, seq, num_new_tokens)` (same constructor as BlockManager).

@@ -6,13 +6,69 @@ prompt's KV to another, so the graders probe exactly those cases.
 """
 from __future__ import annotations
 
+import builtins
+import inspect
+import os
+import subprocess
+import sys
+import textwrap
+
 from .engine_runs import (AMPLE_POOL, GREEDY, PROMPTS, SMALL_POOL, compare_runs, drive, make_engine,
                           reference_run)
-from .harness import Grader, expect, tiny_model
+from .harness import Grader, expect, tiny_model, grader
 
 
 # ---------------------------------------------------------------- lesson 04: block hash
 
+_CHAINS = [[[1, 2, 3, 4]], [[1, 2, 3, 4], [5, 6, 7, 8]], [[9, 9, 9, 9], [5, 6, 7, 8]]]
+
+# Runs the learner's function (its source) in a fresh interpreter and prints its hashes.
+_FRESH = """
+import hashlib, struct, json, pickle, sys, zlib
+from typing import Optional
+def _chain(fn, blocks):
+    out, parent = [], None
+    for block in blocks:
+        parent = fn(parent, list(block))
+        out.append(parent)
+    return out
+exec(compile(sys.stdin.read(), "<your block_hash>", "exec"))
+print(repr([_chain({name}, c) for c in {chains!r}]))
+"""
+
+
+def _uses_builtin_hash(fn) -> bool:
+    """True when fn's code (nested code included) calls the global name `hash` and that is
+    Python's built-in, which salts str and bytes hashes differently in every process."""
+    if fn.__globals__.get("hash", builtins.hash) is not builtins.hash:
+        return False
+    codes = [fn.__code__]
+    while codes:
+        code = codes.pop()
+        if "hash" in code.co_names:
+            return True
+        codes.extend(c for c in code.co_consts if inspect.iscode(c))
+    return False
+
+
+def _hashes_in_a_fresh_process(fn):
+    """The hashes of `_CHAINS` computed by fn's source in a new Python whose PYTHONHASHSEED
+    differs from this one's; None when fn cannot run there alone (it needs the notebook's
+    other globals), so nothing can be concluded."""
+    try:
+        source = textwrap.dedent(inspect.getsource(fn))
+    except (OSError, TypeError):
+        return None
+    seed = "1" if os.environ.get("PYTHONHASHSEED") != "1" else "2"
+    env = dict(os.environ, PYTHONHASHSEED=seed)
+    try:
+        out = subprocess.run([sys.executable, "-c", _FRESH.format(name=fn.__name__, chains=_CHAINS)],
+                             input=source, env=env, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+@grader
 def check_block_hash(fn) -> bool:
     """fn(parent, token_ids) -> hash, like `kv.prefix_cache.block_hash` (parent is None for a
     prompt's first block, else the previous block's hash).
@@ -57,11 +113,22 @@ def check_block_hash(fn) -> bool:
     lone = chain([[5, 6, 7, 8]])[0]
     expect(lone != a[1], "block_hash(None, [5, 6, 7, 8]) equals the hash of the same tokens as block 1 after "
                          "[1, 2, 3, 4]: a first block (parent None) and a later block must differ")
+    salted = ("block_hash uses Python's built-in hash(), which is salted: str and bytes hash "
+              "differently in every process (PYTHONHASHSEED), so a cache shared or saved across "
+              "processes would never hit. Use hashlib (e.g. sha256 over the parent and the token ids)")
+    expect(not _uses_builtin_hash(fn), salted)
+    fresh = _hashes_in_a_fresh_process(fn)
+    if fresh is not None:
+        here = repr([chain(c) for c in _CHAINS])
+        expect(fresh == here, "block_hash gave other hashes for the same blocks in a fresh Python process "
+                              "(another PYTHONHASHSEED): a block's name must be the same in every process. "
+                              "Hash the token ids with hashlib, never hash(), id() or a random salt")
     return g.passed()
 
 
 # ---------------------------------------------------------------- lesson 04: prefix cache
 
+@grader
 def check_prefix_cache(cls) -> bool:
     """cls(), like `kv.prefix_cache.PrefixCache`: lookup(block_hashes) -> block ids,
     insert(hash, block), forget(block), record(num_prompt_tokens, num_cached_tokens),

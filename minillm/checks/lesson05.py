@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .engine_runs import (AMPLE_POOL, GREEDY, PROMPTS, SMALL_POOL, Seqs, compare_runs, drive,
                           expect_no_leak, make_engine, reference_run)
-from .harness import Grader, expect
+from .harness import Grader, expect, grader
 
 
 class _Scenario:
@@ -158,6 +158,7 @@ def _simulate(g, cls, sc: _Scenario, max_steps: int, verify: bool = True) -> int
                          f"forever: admit in order, and let running ones finish {where}")
 
 
+@grader
 def check_scheduler(cls) -> bool:
     """cls: a `scheduler.Scheduler` subclass overriding `schedule(self) -> SchedulerOutput`.
 

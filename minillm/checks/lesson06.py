@@ -9,7 +9,7 @@ from __future__ import annotations
 from ..sampling import SamplingParams
 from .engine_runs import (AMPLE_POOL, GREEDY, PROMPTS, SMALL_POOL, Seqs, compare_runs, compute, drive,
                           expect_no_leak, make_engine, reference_run)
-from .harness import Grader, expect
+from .harness import Grader, expect, grader
 
 
 # ---------------------------------------------------------------- lesson 06: preemption
@@ -37,6 +37,7 @@ def _running_scheduler(g, cls, policy, mode, specs, num_cpu_blocks=0, num_blocks
     return bm, sched, seqs
 
 
+@grader
 def check_preemption(cls) -> bool:
     """cls: a `scheduler.Scheduler` subclass overriding `pick_victim(self)` and/or
     `_preempt(self, seq, out)`.
@@ -156,6 +157,7 @@ def check_preemption(cls) -> bool:
 
 # ---------------------------------------------------------------- lesson 06: swap
 
+@grader
 def check_swap(cls) -> bool:
     """cls: a `kv.block_manager.BlockManager` subclass overriding `swap_out(self, seq)` and
     `swap_in(self, seq)` (same constructor as BlockManager, with num_cpu_blocks > 0).

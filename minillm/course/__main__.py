@@ -1,4 +1,4 @@
-"""python -m minillm.course {build,check,strip} [--root DIR]"""
+"""python -m minillm.course {build,check,strip} [--root DIR] | grade SUBMISSIONS [options]"""
 from __future__ import annotations
 
 import argparse
@@ -8,11 +8,40 @@ from pathlib import Path
 from .build import MarkerError, build, check, strip
 
 
+def grade_parser() -> argparse.ArgumentParser:
+    from . import grade
+    parser = argparse.ArgumentParser(prog="python -m minillm.course grade", description=grade.__doc__.split("\n\n")[0],
+                                     epilog=grade.__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("submissions", type=Path, help="the folder of submissions (see below)")
+    parser.add_argument("--lessons", help="grade only these lessons, e.g. 03,04 (default: every one found)")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per notebook (default 600)")
+    parser.add_argument("--csv", type=Path, help="write one row per student, lesson and exercise")
+    parser.add_argument("--json", type=Path, help='write [{"student", "lesson", "exercise", "passed", "message"}]')
+    parser.add_argument("--extra-checks", help="hidden checks: a module (dotted name or .py file) of "
+                                               "functions lessonNN_<name>(namespace)")
+    parser.add_argument("--jobs", type=int, default=1, help="notebooks graded at once (default 1)")
+    parser.add_argument("--root", type=Path, default=None,
+                        help="the checkout whose solutions/ define the lessons (default: . when it has "
+                             "solutions/, else the package's own checkout)")
+    return parser
+
+
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["grade"]:
+        from .grade import GradingError, main as grade_main
+        args = grade_parser().parse_args(argv[1:])
+        try:
+            return grade_main(args)
+        except (GradingError, MarkerError, FileNotFoundError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     parser = argparse.ArgumentParser(prog="python -m minillm.course", description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["build", "check", "strip"],
+    parser.add_argument("command", choices=["build", "check", "strip", "grade"],
                         help="build: write lessons/ from solutions/; check: exit 1 if they are out of "
-                             "sync or a solution has outputs; strip: clear outputs from solutions/")
+                             "sync or a solution has outputs; strip: clear outputs from solutions/; "
+                             "grade SUBMISSIONS: grade a class (grade --help)")
     parser.add_argument("--root", type=Path, default=Path("."),
                         help="the repository root holding solutions/ and lessons/ (default: .)")
     args = parser.parse_args(argv)

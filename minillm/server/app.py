@@ -23,7 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from .async_engine import AsyncEngine
+from .async_engine import AsyncEngine, RequestStream
 from .errors import APIError, error_body, install_error_handlers
 from .guards import DEFAULT_MAX_BODY_BYTES, Guards
 from .protocol import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
@@ -37,9 +37,10 @@ log = logging.getLogger("minillm.server")
 
 def build_app(engine, model_name: str, *, api_key: str | None = None,
               max_request_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-              max_waiting_requests: int | None = None) -> FastAPI:
-    """An app serving `engine` (an LLMEngine, which the app now owns) as `model_name`."""
-    front = AsyncEngine(engine, max_waiting_requests)
+              max_waiting_requests: int | None = None, stream_cls: type = RequestStream) -> FastAPI:
+    """An app serving `engine` (an LLMEngine, which the app now owns) as `model_name`.
+    `stream_cls`: a RequestStream subclass for each request's stream (lesson 07's seam)."""
+    front = AsyncEngine(engine, max_waiting_requests, stream_cls)
     served = Served(front, engine.tokenizer, model_name)
     created = int(time.time())
 

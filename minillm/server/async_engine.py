@@ -54,6 +54,8 @@ class RequestStream:
         return self._outputs()
 
     async def _outputs(self):
+        """Yield (prompt index, RequestOutput) as the engine delivers them, until every request
+        finished (its finished output included); raise the engine's failure."""
         while self.unfinished:
             kind, value = await self.queue.get()
             if kind == "closed":
@@ -79,10 +81,14 @@ class RequestStream:
 
 
 class AsyncEngine:
-    def __init__(self, engine, max_waiting_requests: int | None = None):
+    """`stream_cls`: the class of each HTTP request's stream, RequestStream or a subclass
+    (lesson 07 plugs the learner's in here, through `build_app(..., stream_cls=...)`)."""
+
+    def __init__(self, engine, max_waiting_requests: int | None = None, stream_cls: type = RequestStream):
         self.engine = engine                      # touched by the loop thread only
         self.max_model_len = engine.max_model_len  # constant: safe to read anywhere
         self.max_waiting_requests = max_waiting_requests
+        self.stream_cls = stream_cls
         self.snapshot: dict = {}                  # the engine's gauges after the latest step
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -115,7 +121,7 @@ class AsyncEngine:
         """Queue one engine request per prompt; all are accepted, or none is. Raises what
         `add_request` raised (ValueError / TypeError: the client's mistake) or QueueFull,
         before any output exists, so the handler can still answer with an error status."""
-        stream = RequestStream(self, request_ids, prompts, params, priority)
+        stream = self.stream_cls(self, request_ids, prompts, params, priority)
         self.send(("add", stream))
         try:
             kind, error = await stream.queue.get()

@@ -109,12 +109,14 @@ def draw_pool(ax, num_blocks: int, tables: Mapping[str, Sequence[int]], ref_coun
 
 def draw_memory(tables: Mapping[str, Sequence[int]], num_blocks: int, *, seq_lens: Mapping[str, int] | None = None,
                 block_size: int | None = None, ref_counts: Sequence[int] | None = None,
-                cached: Iterable[int] = (), cols: int = 16, title: str | None = None):
-    """Block tables (left) and the pool (right) in one figure, with a legend. Returns the figure."""
+                cached: Iterable[int] = (), cols: int = 16, title: str | None = None,
+                colors: Mapping[str, tuple] | None = None):
+    """Block tables (left) and the pool (right) in one figure, with a legend. Returns the figure.
+    `colors` (name -> color) keeps a sequence's color fixed across pictures (default: tab10 in order)."""
     tables = {str(name): list(table) for name, table in tables.items()}
     seq_lens = {str(name): n for name, n in (seq_lens or {}).items()}
     cached = list(cached)
-    colors = owner_colors(tables)
+    colors = colors or owner_colors(tables)
     width = max((len(t) for t in tables.values()), default=1)
     pool_cols, pool_rows = min(num_blocks, cols), -(-num_blocks // cols)
     cell = min(0.45, 14 / (max(width, 4) + pool_cols))             # inches per block; the figure stays <= 16 in wide
@@ -150,9 +152,13 @@ def draw_block_manager(bm, seqs: Mapping[str, object], title: str | None = None,
                        ref_counts=bm.allocator.ref_counts, cached=_cached_free_blocks(bm), cols=cols, title=title)
 
 
+def running_sequences(engine) -> dict[str, object]:
+    """An engine's running sequences by name: the request id, with "#i" for sample i when n > 1."""
+    seqs = sorted(engine.scheduler.running, key=lambda s: s.seq_id)
+    return {(f"{s.request_id}#{s.index}" if s.params.n > 1 else str(s.request_id)): s for s in seqs}
+
+
 def draw_engine(engine, title: str | None = None, cols: int = 16):
     """Draw an LLMEngine's KV memory now: every running sequence's block table and the pool.
     Sequences are named by request id, with "#i" for sample i of a request with n > 1."""
-    seqs = sorted(engine.scheduler.running, key=lambda s: s.seq_id)
-    named = {(f"{s.request_id}#{s.index}" if s.params.n > 1 else str(s.request_id)): s for s in seqs}
-    return draw_block_manager(engine.block_manager, named, title, cols)
+    return draw_block_manager(engine.block_manager, running_sequences(engine), title, cols)

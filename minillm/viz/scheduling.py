@@ -44,6 +44,8 @@ class Timeline:
     first_token:  request id -> step in which it got its first generated token
     finished:     request id -> step in which it finished
     outputs:      request id -> its final RequestOutput
+    queues:       one dict per step: "waiting" / "running" / "swapped" -> request ids, after the step
+    budget:       the scheduler's max_num_batched_tokens (tokens one step may feed)
     """
     request_ids: list[str] = field(default_factory=list)
     cells: list[dict[str, tuple[str, int]]] = field(default_factory=list)
@@ -51,6 +53,8 @@ class Timeline:
     first_token: dict[str, int] = field(default_factory=dict)
     finished: dict[str, int] = field(default_factory=dict)
     outputs: dict = field(default_factory=dict)
+    queues: list[dict[str, list[str]]] = field(default_factory=list)
+    budget: int | None = None
 
     @property
     def num_steps(self) -> int:
@@ -81,6 +85,10 @@ class Timeline:
         for seq in engine.scheduler.swapped:
             cells.setdefault(seq.request_id, ("swapped", 0))
         self.cells.append(cells)
+        sched = engine.scheduler
+        self.queues.append({q: list(dict.fromkeys(s.request_id for s in getattr(sched, q)))
+                            for q in ("waiting", "running", "swapped")})
+        self.budget = sched.max_num_batched_tokens
 
         for seq in seqs:
             if seq.output_token_ids:

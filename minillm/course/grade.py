@@ -1,0 +1,244 @@
+"""Grade a class: `python -m minillm.course grade SUBMISSIONS`.
+
+SUBMISSIONS is a folder that holds, for each student, either
+  - a folder named after the student with their lesson notebooks, named as in lessons/
+    (`alice/03_paged_kv.ipynb`; any name starting with the lesson's two digits and `_`), or
+  - notebooks named `<student>__<NN>_<anything>.ipynb` (`alice__03_paged_kv.ipynb`).
+Both layouts may be mixed.
+
+Each notebook runs in its own process (pytest + nbval in lax mode: every cell runs, outputs
+are not compared) with a timeout. Every check cell of the lesson (found by the id and tag the
+course build writes: `check-<exercise>`, `minillm-check`) grades one exercise:
+  - passed: the check cell ran and passed, and no other cell before it raised;
+  - failed with the check's message (its hint), or with "check cell missing" / "check cell
+    modified" when the student deleted or edited it, "the notebook raised before this check"
+    (with the first such error), "timed out", or "notebook could not be read".
+`--extra-checks MODULE` (a dotted module name, or a .py file) adds hidden checks: each
+function `lessonNN_<name>(namespace)` of the module runs, after the notebook's own cells, in
+the notebook's kernel with the notebook's globals; it fails by raising (AssertionError with a
+message), and is reported as the exercise `<name> (extra)`.
+
+The exit status is 0 whatever the grades; 2 when the grading itself fails (no such folder,
+no notebook, a notebook nbval could not even start).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+from .build import CHECK_TAG, exercise_of, make_lesson, read, solution_paths
+from .report import Record, table, write_csv, write_json
+from .run_notebook import run_notebook
+
+FLAT_NAME = re.compile(r"^(?P<student>.+?)__(?P<lesson>\d\d)_.*\.ipynb$")
+FOLDER_NAME = re.compile(r"^(?P<lesson>\d\d)_.*\.ipynb$")
+EXTRA_PREFIX = re.compile(r"^lesson(?P<lesson>\d\d)_(?P<name>\w+)$")
+
+
+class GradingError(RuntimeError):
+    """The grading run itself failed (not a student's notebook)."""
+
+
+@dataclass
+class Submission:
+    student: str
+    lesson: str
+    path: Path
+
+
+# ---------------------------------------------------------------- what to grade
+
+def find_submissions(folder: Path, lessons: list[str] | None = None) -> list[Submission]:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise GradingError(f"no submissions folder {folder}")
+    found = []
+    for entry in sorted(folder.iterdir()):
+        if entry.is_file() and FLAT_NAME.match(entry.name):
+            m = FLAT_NAME.match(entry.name)
+            found.append(Submission(m["student"], m["lesson"], entry))
+        elif entry.is_dir() and not entry.name.startswith("."):
+            for nb in sorted(entry.glob("*.ipynb")):
+                m = FOLDER_NAME.match(nb.name)
+                if m:
+                    found.append(Submission(entry.name, m["lesson"], nb))
+    found = [s for s in found if lessons is None or s.lesson in lessons]
+    if not found:
+        raise GradingError(f"no submitted notebooks in {folder} (expected <student>/NN_name.ipynb or "
+                           f"<student>__NN_name.ipynb{', for lessons ' + ','.join(lessons) if lessons else ''})")
+    return found
+
+
+def expected_lessons(root: Path) -> dict[str, object]:
+    """lesson number -> the lesson notebook the build writes (its check cells are the reference)."""
+    return {p.name[:2]: make_lesson(read(p), f"solutions/{p.name}") for p in solution_paths(root)}
+
+
+def check_cells(nb) -> list[tuple[str, object]]:
+    return [(exercise_of(c), c) for c in nb.cells if exercise_of(c)]
+
+
+def load_extra_checks(spec: str | None) -> tuple[dict[str, list[str]], str | None, str | None]:
+    """(lesson -> function names, module name, folder to put on sys.path) for --extra-checks."""
+    if not spec:
+        return {}, None, None
+    path = Path(spec)
+    if path.suffix == ".py" and path.is_file():
+        name, folder = path.stem, str(path.resolve().parent)
+        sys.path.insert(0, folder)
+    else:
+        name, folder = spec, None
+    try:
+        module = importlib.import_module(name)
+    except ImportError as e:
+        raise GradingError(f"--extra-checks {spec}: cannot import it ({e})") from e
+    finally:
+        if folder:
+            sys.path.remove(folder)
+    by_lesson: dict[str, list[str]] = {}
+    for attr in sorted(vars(module)):
+        m = EXTRA_PREFIX.match(attr)
+        if m and callable(getattr(module, attr)):
+            by_lesson.setdefault(m["lesson"], []).append(attr)
+    if not by_lesson:
+        raise GradingError(f"--extra-checks {spec}: no function named lessonNN_<name>(namespace)")
+    return by_lesson, name, folder
+
+
+def prepare(nb, extra: list[str], module: str | None, folder: str | None):
+    """The submission as it runs: outputs cleared, the hidden checks appended."""
+    nb = nbformat.from_dict(json.loads(json.dumps(nb)))
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    for name in extra:
+        nb.cells.append(nbformat.v4.new_code_cell(
+            f"import importlib as _minillm_grade\n"
+            f"_minillm_grade.import_module({module!r}).{name}(globals())", id=f"extra-{name}"))
+    return nb
+
+
+def grade_notebook(sub: Submission, lesson, timeout: float, extra: dict, module: str | None,
+                   folder: str | None) -> list[Record]:
+    expected = check_cells(lesson)
+    extra_names = extra.get(sub.lesson, [])
+    exercises = [e for e, _ in expected] + [f"{EXTRA_PREFIX.match(n)['name']} (extra)" for n in extra_names]
+
+    def every(message: str) -> list[Record]:
+        return [Record(sub.student, sub.lesson, e, False, message) for e in exercises]
+
+    try:
+        nb = nbformat.read(str(sub.path), as_version=4)
+    except Exception as e:  # not JSON, not a notebook
+        return every(f"notebook could not be read: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+    nb = prepare(nb, extra_names, module, folder)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    position = {id(c): i for i, c in enumerate(code)}
+    checks = {c.get("id"): position[id(c)] for c in code if c.get("id", "").startswith(("check-", "extra-"))}
+
+    found = {}                                  # exercise -> code index, or the reason it is not graded
+    for exercise, cell in expected:
+        mine = next((c for c in code if c.get("id") == cell.id), None)
+        if mine is None:
+            mine = next((c for c in code if CHECK_TAG in c.metadata.get("tags", [])
+                         and exercise_of(c) == exercise), None)
+        if mine is None:
+            found[exercise] = "check cell missing: the cell that runs check_{} was deleted".format(exercise)
+        elif mine.source.strip() != cell.source.strip():
+            found[exercise] = "check cell modified: the cell that runs check_{} was edited".format(exercise)
+        else:
+            found[exercise] = position[id(mine)]
+    for name in extra_names:
+        found[f"{EXTRA_PREFIX.match(name)['name']} (extra)"] = checks[f"extra-{name}"]
+    check_positions = {i for i in found.values() if isinstance(i, int)} | set(checks.values())
+
+    if not code:                                # nothing to run: every check cell is missing
+        return [Record(sub.student, sub.lesson, e, False, found[e] if isinstance(found[e], str) else
+                       "not run: the notebook has no code cell") for e in exercises]
+    ends, running, output, timed_out = run_notebook(nb, timeout, folder)
+    if not ends and not timed_out:
+        raise GradingError(f"{sub.path}: nbval did not run the notebook; pytest said:\n{output[-2000:]}")
+
+    records = []
+    for exercise in exercises:
+        at = found[exercise]
+        if isinstance(at, str):
+            records.append(Record(sub.student, sub.lesson, exercise, False, at))
+            continue
+        earlier = [ends[i] for i in sorted(ends) if i < at and i not in check_positions and not ends[i]["passed"]]
+        end = ends.get(at)
+        if earlier and earlier[0].get("error") in ("Timeout", "NotRun") or (end is None and timed_out):
+            where = f" (cell {running} was running)" if running is not None else ""
+            records.append(Record(sub.student, sub.lesson, exercise, False,
+                                  f"timed out: the notebook ran past its {timeout:g} s limit{where}"))
+        elif end is None:
+            records.append(Record(sub.student, sub.lesson, exercise, False, "not run: the notebook stopped "
+                                  "before this check"))
+        elif earlier:
+            first = earlier[0]
+            verdict = "its check then passed" if end["passed"] else f"its check then failed: {end['message']}"
+            records.append(Record(sub.student, sub.lesson, exercise, False,
+                                  f"the notebook raised before this check, in cell {first['cell']}: "
+                                  f"{first['error']}: {first['message']} ({verdict})"))
+        elif end["passed"]:
+            records.append(Record(sub.student, sub.lesson, exercise, True, ""))
+        elif end.get("error") == "Timeout":
+            records.append(Record(sub.student, sub.lesson, exercise, False,
+                                  f"timed out: the check ran past the notebook's {timeout:g} s limit"))
+        else:
+            message = end["message"] if end["error"] in ("CheckFailed", "AssertionError") else \
+                f"{end['error']}: {end['message']}"
+            records.append(Record(sub.student, sub.lesson, exercise, False, message))
+    return records
+
+
+# ---------------------------------------------------------------- a class
+
+def grade(submissions: Path, root: Path = Path("."), lessons: list[str] | None = None, timeout: float = 600,
+          extra_checks: str | None = None, jobs: int = 1) -> list[Record]:
+    expected = expected_lessons(root)
+    unknown = sorted(set(lessons or []) - set(expected))
+    if unknown:
+        raise GradingError(f"no lesson {', '.join(unknown)} in {Path(root) / 'solutions'}")
+    subs = find_submissions(submissions, lessons)
+    subs = [s for s in subs if s.lesson in expected]
+    if not subs:
+        raise GradingError(f"no submitted notebook is one of the lessons {', '.join(sorted(expected))}")
+    extra, module, folder = load_extra_checks(extra_checks)
+
+    def one(sub):
+        return grade_notebook(sub, expected[sub.lesson], timeout, extra, module, folder)
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        results = list(pool.map(one, subs))
+    return [r for rs in results for r in rs]
+
+
+def default_root() -> Path:
+    """The checkout to take the lessons from: the current folder when it has solutions/,
+    else the one this package lives in."""
+    here = Path(".")
+    return here if (here / "solutions").is_dir() else Path(__file__).resolve().parents[2]
+
+
+def main(args) -> int:
+    t0 = time.perf_counter()
+    lessons = [f"{int(x):02d}" for x in args.lessons.split(",")] if args.lessons else None
+    root = args.root if args.root is not None else default_root()
+    records = grade(args.submissions, root, lessons, args.timeout, args.extra_checks, args.jobs)
+    print(table(records))
+    if args.csv:
+        write_csv(records, args.csv)
+    if args.json:
+        write_json(records, args.json)
+    n = len({(r.student, r.lesson) for r in records})
+    print(f"\ngraded {n} notebook(s) in {time.perf_counter() - t0:.0f} s")
+    return 0

@@ -1,0 +1,55 @@
+"""The grading report: a student × lesson table, and CSV / JSON records for a gradebook."""
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+@dataclass
+class Record:
+    student: str
+    lesson: str
+    exercise: str
+    passed: bool
+    message: str
+
+
+def first_line(message: str, width: int = 150) -> str:
+    line = message.strip().split("\n")[0]
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def table(records: list[Record]) -> str:
+    """student × lesson: passed / total; then, per failed exercise, its first failure's hint."""
+    students = list(dict.fromkeys(r.student for r in records))
+    lessons = sorted({r.lesson for r in records})
+    cell = {}
+    for s in students:
+        for lesson in lessons:
+            rs = [r for r in records if r.student == s and r.lesson == lesson]
+            cell[s, lesson] = f"{sum(r.passed for r in rs)}/{len(rs)}" if rs else "-"
+    width = max(len("student"), *(len(s) for s in students))
+    lines = ["student".ljust(width) + "".join(f"  {lesson:>6}" for lesson in lessons)]
+    for s in students:
+        lines.append(s.ljust(width) + "".join(f"  {cell[s, lesson]:>6}" for lesson in lessons))
+    failed = [r for r in records if not r.passed]
+    if failed:
+        lines += ["", "failed exercises (first failure's hint):"]
+        lines += [f"  {r.student} {r.lesson} {r.exercise}: {first_line(r.message)}" for r in failed]
+    return "\n".join(lines)
+
+
+def write_csv(records: list[Record], path: Path) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=["student", "lesson", "exercise", "passed", "message"])
+        writer.writeheader()
+        writer.writerows(asdict(r) for r in records)
+
+
+def write_json(records: list[Record], path: Path) -> None:
+    Path(path).write_text(json.dumps([asdict(r) for r in records], indent=1, ensure_ascii=False) + "\n",
+                          encoding="utf-8")
+
+
