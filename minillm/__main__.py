@@ -5,6 +5,8 @@
     python -m minillm bench throughput [--model M] [--num-prompts 64] [--seed 0] [--json FILE] [--quick]
     python -m minillm bench serve [--request-rate 1 4 inf] [--against transformers] [--json FILE] [--quick]
     python -m minillm bench kv-cache [--model M] [--prompt-tokens 256] [--max-tokens 64]
+    python -m minillm bench roofline [--batch-sizes 1 8 32] [--context 512] [--plot FILE] [--json FILE] [--quick]
+    python -m minillm bench quant [--model M] [--quick] [--json FILE] [--against llama.cpp] [--compile]
 """
 from __future__ import annotations
 
@@ -35,10 +37,12 @@ def main(argv=None) -> int:
     s.set_defaults(func=serve_cli.main)
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench", required=True)
-    from .bench import kv_cache, serve, throughput
+    from .bench import kv_cache, quant, roofline, serve, throughput
     for name, module, text in (("throughput", throughput, "offline throughput vs transformers static batching"),
                                ("serve", serve, "a server under Poisson load: TTFT, TPOT, ITL, throughput"),
-                               ("kv-cache", kv_cache, "naive generation vs the contiguous KV cache")):
+                               ("kv-cache", kv_cache, "naive generation vs the contiguous KV cache"),
+                               ("roofline", roofline, "a decode step's bytes and FLOPs vs the measured roofline"),
+                               ("quant", quant, "float32 vs int8 vs int4 weights (and llama.cpp): decode, floors")):
         p = bsub.add_parser(name, help=text)
         module.add_arguments(p)
         p.set_defaults(func=lambda a, module=module: (module.main(a), 0)[1])

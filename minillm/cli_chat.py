@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import sys
 
+from .config import DTYPES
+from .quant import quantization_names
 from .sampling import SamplingParams
 
 
@@ -40,8 +42,9 @@ def params_from(args) -> SamplingParams:
 def make_engine(args):
     from .engine import LLMEngine
     from .models import load_model
-    model, tokenizer = load_model(args.model, device=args.device)
-    return LLMEngine(model, tokenizer), tokenizer
+    model, tokenizer = load_model(args.model, device=args.device, dtype=getattr(args, "dtype", "auto"))
+    return LLMEngine(model, tokenizer, compile=getattr(args, "compile", False),
+                     quantization=getattr(args, "quantization", None)), tokenizer
 
 
 def cmd_generate(args) -> int:
@@ -111,3 +114,9 @@ def add_sampling_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--dtype", choices=DTYPES, default="auto",
+                   help="auto (default): bfloat16 on GPUs that have it, float16 on older ones, float32 on CPU")
+    p.add_argument("--compile", action="store_true",
+                   help="run decode steps through torch.compile (slow first start; cached after)")
+    p.add_argument("--quantization", choices=quantization_names(), default=None,
+                   help="weight-only quantized linears (default: float weights)")

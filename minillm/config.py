@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .attention import backend_names
+from .quant.registry import quantization_names
 from .validate import Validated, check_bool, check_choice, check_int, fail
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -117,7 +118,7 @@ class ModelConfig:
 
 SCHEDULING_POLICIES = ("fcfs", "priority")      # lesson 05: order by arrival, or by (priority, arrival)
 PREEMPTION_MODES = ("recompute", "swap")        # lesson 06: what a preempted sequence does with its KV
-DTYPES = ("float32", "float16", "bfloat16")
+DTYPES = ("auto", "float32", "float16", "bfloat16")   # "auto": models/loader.py resolve_dtype
 DEVICES = ("cpu", "cuda")
 DEFAULT_CHUNKED_BUDGET = 2048                   # tokens per step with chunked prefill, as vLLM
 
@@ -151,7 +152,10 @@ class EngineConfig(Validated):
     `max_position_embeddings`, or what the pool holds if that is less; a `max_model_len`
     that is asked for and cannot be held is refused, never lowered.
     `max_num_batched_tokens=None`: 2048 with chunked prefill, else max(2048, max_model_len).
-    `device`/`dtype=None`: the model's own (`LLM` loads float32 on the default device).
+    `device=None`: the model's own (`LLM` loads on CUDA when there is one). `dtype="auto"`: weights
+    minillm loads (`LLM("name")`, serve, generate) get bfloat16 on CUDA GPUs that have it, float16
+    on older ones, float32 on CPU; a model object passed in keeps its own dtype unless one is named.
+    `None` means "auto".
     """
     block_size: int = 16
     num_kv_blocks: int | None = None
@@ -167,7 +171,10 @@ class EngineConfig(Validated):
     static_batching: bool = False         # lesson 05 baseline: admit a new batch only when the last is done
     attention_backend: str = "auto"       # "auto" or a name in minillm.attention.ATTENTION_BACKENDS
     device: str | None = None
-    dtype: str | None = None
+    dtype: str | None = "auto"            # "auto" | "float32" | "float16" | "bfloat16"
+    compile: bool = False                 # decode steps through torch.compile (compiled_decode.py)
+    enforce_eager: bool = False           # on CUDA: no CUDA graphs for decode steps (cuda_graphs.py)
+    quantization: str | None = None       # None (float weights) or a name in minillm.quant.LINEAR_BACKENDS
 
     def validate(self) -> None:
         name = "EngineConfig"
@@ -178,10 +185,13 @@ class EngineConfig(Validated):
             check_int(name, field_name, getattr(self, field_name), minimum=1, optional=True)
         for field_name in ("enable_prefix_caching", "enable_chunked_prefill", "static_batching"):
             check_bool(name, field_name, getattr(self, field_name))
+        check_bool(name, "compile", self.compile)
+        check_bool(name, "enforce_eager", self.enforce_eager)
         check_choice(name, "scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
         check_choice(name, "preemption_mode", self.preemption_mode, PREEMPTION_MODES)
         check_choice(name, "attention_backend", self.attention_backend, backend_names())
         check_choice(name, "dtype", self.dtype, DTYPES, optional=True)
+        check_choice(name, "quantization", self.quantization, quantization_names(), optional=True)
         if self.device is not None:
             if not isinstance(self.device, str):
                 fail(name, "device", "'cpu', 'cuda', 'cuda:N' or None", self.device, TypeError)

@@ -28,6 +28,7 @@ from .kv.paged_cache import PagedKVCache
 from .kv.prefix_cache import PrefixCache
 from .models.loader import place_model
 from .outputs import RequestOutput
+from .quant import quantize_model
 from .request import Request, check_request
 from .runner import ModelRunner
 from .sampling import SamplingParams, make_generator
@@ -51,6 +52,8 @@ class LLMEngine(EngineStep):
             raise TypeError(f"config must be an EngineConfig, got {type(config).__name__}")
         self.config = config = config or EngineConfig(**options)
         self.model = model = place_model(model, config.device, config.dtype)
+        if config.quantization is not None:      # weight-only linears, in place (quant/swap.py)
+            quantize_model(model, config.quantization)
         self.tokenizer = tokenizer
         num_blocks = config.num_kv_blocks or self._blocks_from_memory()
         self.max_model_len = self._resolve_max_model_len(num_blocks)
@@ -62,7 +65,7 @@ class LLMEngine(EngineStep):
         self.kv_cache = PagedKVCache.for_model(model, num_blocks, config.block_size, backend)
         if swap_blocks:
             self.kv_cache.enable_swap(swap_blocks)
-        self.runner = ModelRunner(model, self.kv_cache)
+        self.runner = ModelRunner(model, self.kv_cache, config, self.max_model_len)
         self.scheduler = scheduler_cls(self.block_manager, config.scheduler_config(self.max_model_len))
         self.requests: dict[str, Request] = {}
         self._held: dict[str, RequestOutput] = {}     # outputs generate() stepped past (see step)
@@ -157,6 +160,7 @@ class LLMEngine(EngineStep):
             "kv_blocks_used": bm.allocator.num_blocks - bm.num_free_blocks,
             "kv_blocks_total": bm.allocator.num_blocks,
             "attention_backend": getattr(backend, "name", type(backend).__name__),
+            "quantization": getattr(self.model, "quantization", None),
         }
 
     def generate(self, prompts: list, params: SamplingParams | list[SamplingParams] | None = None,

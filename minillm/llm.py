@@ -13,7 +13,6 @@ import threading
 from .config import EngineConfig
 from .engine import LLMEngine
 from .models import load_model
-from .models.loader import DTYPES
 from .outputs import RequestOutput
 from .sampling import SamplingParams
 from .tokenizer import check_messages
@@ -34,8 +33,8 @@ class LLM:
         classes = {k: engine_options.pop(k) for k in list(engine_options) if k.endswith("_cls")}
         config = EngineConfig(**engine_options)
         if model is None or isinstance(model, str):
-            model, tokenizer = load_model(model, device=config.device, dtype=DTYPES[config.dtype or "float32"],
-                                          seed=seed)
+            # dtype "auto": bfloat16/float16 on a GPU, float32 on CPU (models/loader.py resolve_dtype)
+            model, tokenizer = load_model(model, device=config.device, dtype=config.dtype, seed=seed)
         elif tokenizer is None:
             raise ValueError("pass the tokenizer along with a loaded model")
         self.llm_engine = LLMEngine(model, tokenizer, config, **classes)

@@ -4,23 +4,40 @@ The scheduler says "sequence s feeds its next n tokens"; the runner turns that i
 input ids, positions and the paged attention layout, runs the forward once for
 everyone, and returns the logits of the sequences whose last fed token is their
 newest one (a prompt chunk that ends mid-prompt samples nothing yet).
+
+A pure decode step (every sequence feeds its one newest token) can take a faster
+road with static shapes (`static_decode.py`): compiled with `compile=True`
+(`compiled_decode.py`), replayed as a CUDA graph on CUDA unless `enforce_eager=True`
+(`cuda_graphs.py`). Prefill and mixed steps always run here, eagerly.
 """
 from __future__ import annotations
 
 import torch
 
 from .attention.paged import PagedStep
+from .compiled_decode import CompiledDecodeStep
+from .cuda_graphs import CUDAGraphDecode, capture_safe
 from .kv.paged_cache import PagedKVCache
+from .static_decode import StaticDecodeStep
 
 
 class ModelRunner:
-    def __init__(self, model, kv_cache: PagedKVCache):
+    def __init__(self, model, kv_cache: PagedKVCache, config=None, max_model_len: int | None = None):
+        """`config` (an EngineConfig) and the engine's resolved `max_model_len` turn on the
+        static decode step when `compile` is set, or on CUDA unless `enforce_eager` is."""
         self.model = model
         self.kv_cache = kv_cache
+        self.static_step, self.run_decode = None, None       # the fast decode road, when on
+        if config is not None:
+            self.static_step, self.run_decode = make_fast_decode(model, kv_cache, config, max_model_len)
 
     @torch.inference_mode()
     def execute(self, scheduled: list[tuple[object, int]]) -> tuple[list, torch.Tensor]:
         """scheduled: [(sequence, num_new_tokens)]. Returns (sequences that sample, logits [S, V])."""
+        if self.run_decode is not None and is_pure_decode(scheduled):
+            seqs = [s for s, _ in scheduled]
+            if self.static_step.fits(seqs):
+                return seqs, self.run_decode(seqs)
         device = self.kv_cache.device
         input_ids, rows, samplers = [], [], []
         for seq, n in scheduled:
@@ -37,3 +54,21 @@ class ModelRunner:
         if not rows:
             return [], hidden.new_zeros(0, 0)
         return samplers, self.model.compute_logits(hidden[torch.tensor(rows, device=device)])
+
+
+def is_pure_decode(scheduled) -> bool:
+    """Every sequence feeds exactly its one newest token (so every one of them samples)."""
+    return all(n == 1 and seq.num_computed_tokens + 1 == len(seq) for seq, n in scheduled)
+
+
+def make_fast_decode(model, kv_cache: PagedKVCache, config, max_model_len: int):
+    """(the StaticDecodeStep, run(seqs) -> logits) for the road the config asks for, or
+    (None, None): decode stays eager."""
+    graphs = kv_cache.device.type == "cuda" and not config.enforce_eager and capture_safe(kv_cache.backend)
+    if not (config.compile or graphs):
+        return None, None
+    step = StaticDecodeStep(model, kv_cache, config.max_num_seqs, max_model_len)
+    fast = step
+    if config.compile:
+        fast = CompiledDecodeStep(step)
+    return step, (CUDAGraphDecode(step, fast.forward) if graphs else fast).run

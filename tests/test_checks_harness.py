@@ -22,6 +22,9 @@ GRADER_MODULES = {
     "lesson06": ["check_preemption", "check_swap"],
     "lesson07_detokenizer": ["check_detokenizer"],
     "lesson07_stream": ["check_request_stream"],
+    "lesson08": ["check_paged_decode_kernel"],
+    "lesson09_int8": ["check_int8_quantizer"],
+    "lesson09_int4": ["check_int4_quantizer"],
 }
 
 
@@ -33,7 +36,7 @@ def test_graders_are_importable_from_checks_and_their_own_module():
     from minillm.checks.lesson06 import check_swap as from_lesson06
     assert check_block_allocator is from_lesson03 and check_swap is from_lesson06
     graders = [name for names in GRADER_MODULES.values() for name in names]
-    assert sorted(checks.__all__) == sorted(graders) and len(graders) == 16
+    assert sorted(checks.__all__) == sorted(graders) and len(graders) == 19
     for module, names in GRADER_MODULES.items():
         lesson = importlib.import_module(f"minillm.checks.{module}")
         for name in names:

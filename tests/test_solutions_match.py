@@ -71,6 +71,11 @@ EXERCISES = [
     ("07_serving", "MyStream.deliver", "minillm.server.async_engine", "RequestStream.deliver"),
     ("07_serving", "MyStream._outputs", "minillm.server.async_engine", "RequestStream._outputs"),
     ("07_serving", "MyStream.abort", "minillm.server.async_engine", "RequestStream.abort"),
+    ("08_going_fast", "my_paged_decode_kernel", "minillm.attention.triton_decode", "paged_decode_kernel"),
+    ("09_quantization", "quantize_int8", "minillm.quant.reference", "quantize_int8"),
+    ("09_quantization", "dequantize_int8", "minillm.quant.reference", "dequantize_int8"),
+    ("09_quantization", "quantize_int4", "minillm.quant.reference", "quantize_int4"),
+    ("09_quantization", "dequantize_int4", "minillm.quant.reference", "dequantize_int4"),
 ]
 
 FUNCTION = (ast.FunctionDef, ast.AsyncFunctionDef)

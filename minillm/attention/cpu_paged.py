@@ -49,6 +49,38 @@ def kernel_available() -> bool:
     return load_kernel() is not None
 
 
+def run_kernel(kernel, q, k_cache, v_cache, block_tables, positions) -> torch.Tensor:
+    """Call the C kernel: one query per row b, reading block-table row b up to positions[b]."""
+    q, tables, positions = q.contiguous(), block_tables.contiguous(), positions.contiguous()
+    token_seq = torch.arange(q.shape[0], dtype=torch.long)        # query b reads table row b
+    out = torch.empty_like(q)
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    failed = kernel(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
+                    token_seq.data_ptr(), positions.data_ptr(), q.shape[0], q.shape[1],
+                    num_kv_heads, head_dim, block_size, tables.shape[1], head_dim ** -0.5,
+                    torch.get_num_threads(), out.data_ptr())
+    if failed:
+        raise MemoryError("paged attention kernel: out of memory for its score buffers")
+    return out
+
+
+# The C kernel as a torch op, `torch.ops.minillm.paged_decode_attention(q, k_cache, v_cache,
+# block_tables, positions)`. Why: torch.compile cannot trace a ctypes call (it would break the
+# graph at every layer); an op with a fake implementation (below: the output's shape only) is
+# one opaque node of the compiled graph instead. Defined with torch.library.Library, not
+# @custom_op: the latter's dispatch costs ~40 us a call, ~10x more.
+_OPS = torch.library.Library("minillm", "FRAGMENT")
+_OPS.define("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
+            "Tensor positions) -> Tensor")
+_OPS.impl("paged_decode_attention",
+          lambda q, k, v, tables, positions: run_kernel(load_kernel(), q, k, v, tables, positions), "CPU")
+
+
+@torch.library.register_fake("minillm::paged_decode_attention")
+def _(q, k_cache, v_cache, block_tables, positions):
+    return torch.empty_like(q)
+
+
 class CPUPagedAttention(TorchPagedAttention):
     """The reference backend with its decode replaced by the in-place C kernel."""
 
@@ -58,29 +90,14 @@ class CPUPagedAttention(TorchPagedAttention):
         self.kernel = load_kernel()
         if self.kernel is None:
             raise RuntimeError(f"the CPU paged-attention kernel could not be built: {load_error}")
-        self.row_ids = torch.arange(0)             # 0..B-1, grown on demand, shared by all layers
 
-    def _rows(self, n: int) -> torch.Tensor:
-        """Query b reads block-table row b; build that index once, not once per layer."""
-        if self.row_ids.numel() < n:
-            self.row_ids = torch.arange(max(n, 2 * self.row_ids.numel()), dtype=torch.long)
-        return self.row_ids[:n]
+    @staticmethod
+    def kernel_reads(q, k_cache, v_cache) -> bool:
+        """The kernel reads raw contiguous float32 CPU memory: anything else goes the reference way."""
+        return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in (q, k_cache, v_cache)) \
+            and k_cache.is_contiguous() and v_cache.is_contiguous()
 
     def decode(self, q, k_cache, v_cache, block_tables, positions):
-        plain = all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
-                    for t in (k_cache, v_cache)) and q.device.type == "cpu" and q.dtype == torch.float32
-        if not plain:                      # the kernel reads raw float32 memory: anything else goes the reference way
+        if not self.kernel_reads(q, k_cache, v_cache):
             return super().decode(q, k_cache, v_cache, block_tables, positions)
-        q = q.contiguous()
-        tables = block_tables.contiguous()
-        positions = positions.contiguous()
-        token_seq = self._rows(q.shape[0])
-        out = torch.empty_like(q)
-        _, block_size, num_kv_heads, head_dim = k_cache.shape
-        failed = self.kernel(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
-                             token_seq.data_ptr(), positions.data_ptr(), q.shape[0], q.shape[1],
-                             num_kv_heads, head_dim, block_size, tables.shape[1], head_dim ** -0.5,
-                             torch.get_num_threads(), out.data_ptr())
-        if failed:
-            raise MemoryError("paged attention kernel: out of memory for its score buffers")
-        return out
+        return run_kernel(self.kernel, q, k_cache, v_cache, block_tables, positions)

@@ -27,6 +27,9 @@ went wrong and where to look.
 | 06     | check_swap             | a BlockManager subclass overriding swap_out / swap_in    |
 | 07     | check_detokenizer      | minillm.detokenizer.IncrementalDetokenizer               |
 | 07     | check_request_stream   | minillm.server.async_engine.RequestStream                |
+| 08     | check_paged_decode_kernel | minillm.attention.triton_decode.paged_decode_kernel   |
+| 09     | check_int8_quantizer   | minillm.quant.reference.quantize_int8, dequantize_int8   |
+| 09     | check_int4_quantizer   | minillm.quant.reference.quantize_int4, dequantize_int4   |
 
 Each lesson's graders live in `lessonNN*.py`, built on `harness.py` (cases, verdicts,
 hints) and, for lessons 03-06, `engine_runs.py` (engine runs compared with the
@@ -50,8 +53,13 @@ from .lesson05 import check_scheduler
 from .lesson06 import check_preemption, check_swap
 from .lesson07_detokenizer import check_detokenizer
 from .lesson07_stream import check_request_stream
+from .lesson08 import check_paged_decode_kernel
+from .lesson09_int4 import check_int4_quantizer
+from .lesson09_int8 import check_int8_quantizer
 
 __all__ = ["check_rope", "check_top_k", "check_top_p", "check_sampler", "check_generate_naive",
            "check_contiguous_cache", "check_block_allocator", "check_slot_mapping", "check_block_hash",
            "check_prefix_cache", "check_copy_on_write", "check_scheduler", "check_preemption", "check_swap",
-           "check_detokenizer", "check_request_stream"]
+           "check_detokenizer", "check_request_stream",
+           "check_paged_decode_kernel",
+           "check_int8_quantizer", "check_int4_quantizer"]

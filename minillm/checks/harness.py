@@ -78,6 +78,9 @@ REFERENCES = {
     "check_swap": "minillm.kv.block_manager:BlockManager",
     "check_detokenizer": "minillm.detokenizer:IncrementalDetokenizer",
     "check_request_stream": "minillm.server.async_engine:RequestStream",
+    "check_paged_decode_kernel": "minillm.attention.triton_decode:paged_decode_kernel",
+    "check_int8_quantizer": "minillm.quant.reference:quantize_int8",
+    "check_int4_quantizer": "minillm.quant.reference:quantize_int4",
 }
 
 

@@ -43,7 +43,8 @@ class PagedKVCache:
         self.step = step
 
     def attend(self, layer_idx: int, q, k, v):
-        write_kv(self.k[layer_idx], self.v[layer_idx], k, v, self.step.slot_mapping)
+        write = getattr(self.backend, "write", write_kv)       # a backend may bring its own (Triton)
+        write(self.k[layer_idx], self.v[layer_idx], k, v, self.step.slot_mapping)
         return self.backend.forward(q, self.k[layer_idx], self.v[layer_idx], self.step)
 
     def enable_swap(self, num_cpu_blocks: int) -> None:

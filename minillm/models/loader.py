@@ -29,11 +29,14 @@ def default_device() -> str:
 
 
 def load_model(name: str | None = None, device: str | None = None,
-               dtype: torch.dtype = torch.float32, seed: int = 0
+               dtype: torch.dtype | str = torch.float32, seed: int = 0
                ) -> tuple[LlamaForCausalLM, Tokenizer]:
-    """Return (model in eval mode on `device`, tokenizer). See the module doc for names."""
+    """Return (model in eval mode on `device`, tokenizer). See the module doc for names.
+    `dtype`: a torch dtype, a name, or "auto" (`resolve_dtype`). The default stays float32:
+    the lessons compare our numbers with transformers' float32 ones."""
     name = name or DEFAULT_MODEL
     device = device or default_device()
+    dtype = resolve_dtype(dtype, device)
     if name in TINY_CONFIGS:
         model = build_tiny(name, seed)
         tokenizer = load_tokenizer(DEFAULT_MODEL, model.config.eos_token_ids)
@@ -47,10 +50,29 @@ def load_model(name: str | None = None, device: str | None = None,
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+def resolve_dtype(dtype, device=None) -> torch.dtype:
+    """"auto" (or None) -> the fastest dtype that keeps the model's range on `device`:
+    bfloat16 on CUDA GPUs with bf16 units (Ampere and later), float16 on older ones
+    (Colab's T4: bf16 there is emulated, slower than fp32), float32 on CPU (our C kernels
+    are float32 only). A name such as "bfloat16" or a torch dtype is taken as given."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in (None, "auto"):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be 'auto' or one of {', '.join(DTYPES)}, got {dtype!r}")
+        return DTYPES[dtype]
+    device = torch.device(device or default_device())
+    if device.type != "cuda":
+        return torch.float32
+    with torch.cuda.device(device):
+        return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
+
+
 def place_model(model, device=None, dtype=None):
-    """Move a model to `device` and `dtype` (None: keep the model's; dtype may be a name
-    such as "bfloat16"), then lay its weights out for fast CPU decode. In place; returns it."""
-    dtype = DTYPES[dtype] if isinstance(dtype, str) else (dtype or model.dtype)
+    """Move a model to `device` and `dtype` (None or "auto": keep the model's own, chosen when
+    it was loaded: a caller's model is never converted behind their back; dtype may be a
+    name such as "bfloat16"), then lay its weights out for fast CPU decode. In place; returns it."""
+    dtype = model.dtype if dtype in (None, "auto") else resolve_dtype(dtype)
     device = torch.device(device) if device is not None else model.device
     same_device = device.type == model.device.type and device.index in (None, model.device.index)
     if same_device and dtype == model.dtype and getattr(model, "_placed", False):

