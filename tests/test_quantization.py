@@ -129,16 +129,17 @@ def linear_names(model, kind):
 def test_quantize_model_swaps_projections_and_keeps_the_embedding_float(name):
     model, _ = tiny_copy(name)
     projections = linear_names(model, nn.Linear)
-    quantize_model(model, "int8")
+    quantize_model(model, "int8", include_head=False)
     swapped = linear_names(model, Int8Linear)
     assert swapped == [n for n in projections if n != "lm_head"] and len(swapped) == 7 * 2
     assert not isinstance(model.lm_head, Int8Linear) and model.model.embed_tokens.weight.dtype == torch.float32
     assert model.quantization == "int8"
 
-    head_too, _ = tiny_copy(name)
+    head_too, _ = tiny_copy(name)                    # the default: the head too, in int8 whatever the layers get
     embedding = head_too.model.embed_tokens.weight.detach().clone()
-    quantize_model(head_too, "int4", include_head=True, group_size=64)
-    assert isinstance(head_too.lm_head, Int4Linear) and head_too.lm_head.group_size == 64
+    quantize_model(head_too, "int4", group_size=64)
+    assert isinstance(head_too.lm_head, Int8Linear) and isinstance(head_too.model.layers[0].mlp.up_proj, Int4Linear)
+    assert head_too.model.layers[0].mlp.up_proj.group_size == 64
     assert torch.equal(head_too.model.embed_tokens.weight, embedding)     # tied: the embedding stays float
     assert head_too.dtype == torch.float32
 

@@ -28,7 +28,9 @@ class Int8Linear(nn.Module):
     def __init__(self, q_weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
         self.out_features, self.in_features = q_weight.shape
-        self.register_buffer("q_weight", q_weight)          # int8 [N, K]
+        # int8 [N, K], row-major: torch's packed op needs it (a CPU model's weights are laid out
+        # column-major by place_model, and the codes would inherit that layout)
+        self.register_buffer("q_weight", q_weight.contiguous())
         self.register_buffer("scale", scale)                # [N], in the model's float dtype
         self.bias = bias
         self.use_c_kernel = (q_weight.device.type == "cpu" and self.out_features % kernels.PANEL == 0

@@ -52,7 +52,9 @@ def pack_int4_panels(codes: torch.Tensor) -> torch.Tensor:
 
 
 def int8_matmul(x: torch.Tensor, panels: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """x float32 [M, K] contiguous -> [M, N] via int8_linear."""
+    """x float32 [M, K] contiguous -> [M, N] via int8_linear (a torch op inside torch.compile)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.minillm.int8_linear(x, panels, scale)
     m, k = x.shape
     n = panels.shape[0] * PANEL
     y = torch.empty(m, n)
@@ -63,10 +65,31 @@ def int8_matmul(x: torch.Tensor, panels: torch.Tensor, scale: torch.Tensor) -> t
 
 def int4_matmul(x: torch.Tensor, panels: torch.Tensor, scale_panels: torch.Tensor,
                 minimum_panels: torch.Tensor, group_size: int) -> torch.Tensor:
-    """x float32 [M, K] contiguous -> [M, N] via int4_linear."""
+    """x float32 [M, K] contiguous -> [M, N] via int4_linear (a torch op inside torch.compile)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.minillm.int4_linear(x, panels, scale_panels, minimum_panels, group_size)
     m, k = x.shape
     n = panels.shape[0] * PANEL
     y = torch.empty(m, n)
     load_kernels().int4_linear(x.data_ptr(), m, k, panels.data_ptr(), scale_panels.data_ptr(),
                                minimum_panels.data_ptr(), group_size, n, y.data_ptr(), torch.get_num_threads())
     return y
+
+
+# The two kernels as torch ops, so a compiled decode step (compiled_decode.py) calls them inside
+# its graph instead of breaking it at each ctypes call (as models/cpu_linear.py does for float32).
+_OPS = torch.library.Library("minillm", "FRAGMENT")
+_OPS.define("int8_linear(Tensor x, Tensor panels, Tensor scale) -> Tensor")
+_OPS.define("int4_linear(Tensor x, Tensor panels, Tensor scale_panels, Tensor minimum_panels, int group_size) -> Tensor")
+_OPS.impl("int8_linear", int8_matmul, "CPU")
+_OPS.impl("int4_linear", int4_matmul, "CPU")
+
+
+@torch.library.register_fake("minillm::int8_linear")
+def _(x, panels, scale):
+    return x.new_empty(x.shape[0], panels.shape[0] * PANEL)
+
+
+@torch.library.register_fake("minillm::int4_linear")
+def _(x, panels, scale_panels, minimum_panels, group_size):
+    return x.new_empty(x.shape[0], panels.shape[0] * PANEL)
