@@ -56,7 +56,7 @@ def test_quick_run_without_llama_cpp_hints_and_still_measures_every_row(tmp_path
     monkeypatch.setitem(sys.modules, "llama_cpp", None)          # `import llama_cpp` raises ImportError
     out = tmp_path / "quant.json"
     assert cli(["bench", "quant", "--model", "tiny-llama", "--quick", "--against", "llama.cpp",
-                "--decode-tokens", "8", "--num-prompts", "4", "--json", str(out)]) == 0
+                "--decode-tokens", "8", "--num-prompts", "4", "--max-num-seqs", "2", "--json", str(out)]) == 0
     assert LLAMA_CPP_HINT in capsys.readouterr().out
     report = json.loads(out.read_text())
     for key in ("batch1_decode_tok_s", "throughput_tok_s", "bandwidth_floor_tok_s", "weight_bytes_per_step"):
@@ -71,3 +71,4 @@ def test_quick_run_without_llama_cpp_hints_and_still_measures_every_row(tmp_path
     b = report["weight_bytes_per_step"]
     assert b["int4"]["layers"] < b["int8"]["layers"] < b["float32"]["layers"]
     assert report["machine"]["llama_cpp_python"] is None and LLAMA_CPP_HINT in report["notes"]
+    assert report["settings"]["engine_options"]["max_num_seqs"] == 2

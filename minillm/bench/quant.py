@@ -121,6 +121,7 @@ def run_workload(engine, workload) -> float:
 def measure_minillm(args, quantization, compiled, prompt_ids, workload) -> dict:
     model, tokenizer = load_model(args.model, device="cpu")
     options = dict(ENGINE_OPTIONS, compile=compiled, **({"quantization": quantization} if quantization else {}))
+    options["max_num_seqs"] = args.max_num_seqs or options["max_num_seqs"]
     engine = LLMEngine(model, tokenizer, **options)
     compile_s = compile_every_bucket(engine) if compiled else 0.0
     fell_back = getattr(getattr(engine.runner.run_decode, "__self__", None), "failed", False)
@@ -249,7 +250,8 @@ def main(args) -> dict:
               "machine": machine_info(bandwidth, llama_cpp, load_at_start),
               "settings": {"model": args.model or EMBEDDED_NAME, "prompt_tokens": len(prompt_ids),
                            "decode_tokens": args.decode_tokens, "num_prompts": len(workload), "seed": args.seed,
-                           "quick": args.quick, "engine_options": ENGINE_OPTIONS,
+                           "quick": args.quick,
+                           "engine_options": dict(ENGINE_OPTIONS, max_num_seqs=args.max_num_seqs or ENGINE_OPTIONS["max_num_seqs"]),
                            "llama_cpp_throughput": SEQUENTIAL_LABEL if LLAMA_CPP_ROW in rows else None},
               "notes": notes}
     print_table(report)
@@ -270,3 +272,6 @@ def add_arguments(p) -> None:
     p.add_argument("--decode-tokens", type=int, default=None, help="batch-1 tokens (default 128, 32 with --quick)")
     p.add_argument("--num-prompts", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-num-seqs", type=int, default=None,
+                   help="the engine's seats (default 64); with --compile, fewer seats = fewer buckets to compile "
+                        "(1: batch-1 decode only, a cold start of about half a minute per configuration)")
