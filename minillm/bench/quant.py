@@ -118,10 +118,14 @@ def run_workload(engine, workload) -> float:
     return sum(n for _, n in workload) / elapsed
 
 
+def engine_options(args) -> dict:
+    """The throughput bench's engine options, with --max-num-seqs when given."""
+    return dict(ENGINE_OPTIONS, max_num_seqs=args.max_num_seqs or ENGINE_OPTIONS["max_num_seqs"])
+
+
 def measure_minillm(args, quantization, compiled, prompt_ids, workload) -> dict:
     model, tokenizer = load_model(args.model, device="cpu")
-    options = dict(ENGINE_OPTIONS, compile=compiled, **({"quantization": quantization} if quantization else {}))
-    options["max_num_seqs"] = args.max_num_seqs or options["max_num_seqs"]
+    options = dict(engine_options(args), compile=compiled, **({"quantization": quantization} if quantization else {}))
     engine = LLMEngine(model, tokenizer, **options)
     compile_s = compile_every_bucket(engine) if compiled else 0.0
     fell_back = getattr(getattr(engine.runner.run_decode, "__self__", None), "failed", False)
@@ -251,7 +255,7 @@ def main(args) -> dict:
               "settings": {"model": args.model or EMBEDDED_NAME, "prompt_tokens": len(prompt_ids),
                            "decode_tokens": args.decode_tokens, "num_prompts": len(workload), "seed": args.seed,
                            "quick": args.quick,
-                           "engine_options": dict(ENGINE_OPTIONS, max_num_seqs=args.max_num_seqs or ENGINE_OPTIONS["max_num_seqs"]),
+                           "engine_options": engine_options(args),
                            "llama_cpp_throughput": SEQUENTIAL_LABEL if LLAMA_CPP_ROW in rows else None},
               "notes": notes}
     print_table(report)

@@ -79,14 +79,18 @@ class Int4Linear(nn.Module):
         return torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.torch_packed[0], self.group_size,
                                                           self.torch_packed[1])
 
+    def _padded(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows with zero columns up to the padded K, contiguous (no copy when there is nothing to do)."""
+        return (F.pad(rows, (0, self.pad)) if self.pad else rows).contiguous()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         small = x.device.type == "cpu" and rows.shape[0] <= kernels.MAX_ROWS
         if small and x.dtype == torch.float32 and self.use_c_kernel:
-            y = kernels.int4_matmul(F.pad(rows, (0, self.pad)).contiguous(), self.panels, self.scale_panels,
+            y = kernels.int4_matmul(self._padded(rows), self.panels, self.scale_panels,
                                     self.minimum_panels, self.group_size)
         elif small and x.dtype in (torch.bfloat16, torch.float16) and self.out_features % 16 == 0:
-            y = self._torch_int4_matmul(F.pad(rows, (0, self.pad)).contiguous())
+            y = self._torch_int4_matmul(self._padded(rows))
         else:
             y = F.linear(rows, self.dequantized_weight().to(x.dtype))
         y = y if self.bias is None else y + self.bias
