@@ -206,3 +206,24 @@ def test_solution_and_lesson_cells_compile(path):
             compile(python_only(source), f"{nb_path.name} cell {i}", "exec",
                     flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)      # IPython runs a top-level await
     assert not any("# BEGIN SOLUTION" in c or "# END SOLUTION" in c for c in code_cells(lesson))
+
+
+def test_setup_cell_names_the_fix_when_the_install_fails(tmp_path):
+    """On Colab (a `google.colab` stub) an install source that cannot be installed (an
+    unpublished repository, a typo) ends with pip's own error and the variable that points the
+    cell elsewhere, not with a bare CalledProcessError."""
+    import subprocess
+    import sys
+    cell = tmp_path / "setup_cell.py"
+    cell.write_text(setup_source("https://example.invalid/minillm"))
+    stub = tmp_path / "stub" / "google"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text("")
+    (stub / "colab.py").write_text("")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "stub"),
+           "MINILLM_INSTALL_SOURCE": str(tmp_path / "no-such-checkout"), "PIP_NO_INDEX": "1"}
+    on = subprocess.run([sys.executable, str(cell)], capture_output=True, text=True, cwd=tmp_path, env=env,
+                        timeout=120)
+    assert on.returncode != 0
+    assert "RuntimeError: could not pip install" in on.stderr and "no-such-checkout" in on.stderr
+    assert "os.environ['MINILLM_INSTALL_SOURCE']" in on.stderr
