@@ -12,7 +12,7 @@ from minillm.models import load_model
 from minillm.models.loader import place_model
 from minillm.quant import quantize_model
 
-ROWS = ("float32", "int8", "int4")
+ROWS = ("float32", "int8", "int4", "w4a8")
 
 
 def tiny_model(method=None):
@@ -70,5 +70,6 @@ def test_quick_run_without_llama_cpp_hints_and_still_measures_every_row(tmp_path
     assert agreement["float32"] == 1.0 and all(0 <= v <= 1 for v in agreement.values())
     b = report["weight_bytes_per_step"]
     assert b["int4"]["layers"] < b["int8"]["layers"] < b["float32"]["layers"]
+    assert b["w4a8"] == b["int4"]                                 # the same stored weights
     assert report["machine"]["llama_cpp_python"] is None and LLAMA_CPP_HINT in report["notes"]
     assert report["settings"]["engine_options"]["max_num_seqs"] == 2

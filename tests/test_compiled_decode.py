@@ -157,7 +157,7 @@ def test_flags_reach_the_engine_options():
     assert generate.parse_args(["--compile"]).compile and not generate.parse_args([]).compile
 
 
-@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("method", ["int8", "int4", "w4a8"])
 def test_compiled_step_runs_quantized_linears(method):
     """A quantized model (minillm.quant swaps the linears) runs compiled with the eager tokens:
     its C kernels are torch.library ops (quant/kernels.py), so the graph holds them; a ctypes
@@ -177,3 +177,19 @@ def test_compiled_step_runs_quantized_linears(method):
     compiled = engine.runner.run_decode.__self__
     assert not compiled.failed, f"the {method} linears broke torch.compile: the step ran eagerly"
     assert compiled.warm == {1}
+
+
+def test_a_model_quantized_under_a_compiled_engine_is_refused_not_run_stale():
+    """The compiled graphs skip dynamo's module guards (compiled_decode.py), so a model changed
+    in place after compiling must be caught by the step itself: its request ends with an error
+    naming the fix, instead of decoding with graphs built for the float layers."""
+    from minillm import quant
+    model, tokenizer = load_model("tiny-llama", device="cpu")
+    engine = LLMEngine(model, tokenizer, compile=True, block_size=4, num_kv_blocks=32, max_model_len=48,
+                       max_num_seqs=1)
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    assert engine.generate([[5, 6, 7]], params)[0].error is None
+    quant.quantize_model(model, "int8")
+    out = engine.generate([[5, 6, 7]], params)[0]
+    assert out.error and "quantized (int8) after this compiled engine was built" in out.error
+    assert engine.stats()["kv_blocks_used"] == 0                     # the failed request freed its blocks

@@ -20,6 +20,7 @@ TEXT_TOKENS = 600
 BOUNDS = {  # scheme: (max mean KL, max perplexity increase, min greedy agreement)
     "int8": (0.01, 0.2, 0.6),          # measured on these 600 tokens: KL 0.0032, ppl -0.08
     "int4-g32": (1e-4, 0.01, 0.9),     # measured: KL 0.0, ppl delta 0.0
+    "w4a8-g32": (0.01, 0.3, 0.5),      # int4-g32 (exact) + int8 activations: KL 0.0021, ppl +0.107, 0.67
 }
 
 
@@ -73,7 +74,8 @@ def quality(smol):
         register_linear_backend(broken_backend(name, fn))
     try:
         # the head stays float here: int4-g32's layers alone must give the weights back exactly
-        good = measure(model, tokenizer, {"int8": ("int8", {}), "int4-g32": ("int4", {"group_size": 32})},
+        good = measure(model, tokenizer, {"int8": ("int8", {}), "int4-g32": ("int4", {"group_size": 32}),
+                                          "w4a8-g32": ("w4a8", {"group_size": 32})},
                        text=text, prompts=CHAT_PROMPTS[:3], max_tokens=12, include_head=False)
         broken = measure(model, tokenizer, {name: (name, {}) for name in BROKEN}, text=text, prompts=(),
                          include_head=False)

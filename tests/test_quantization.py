@@ -197,7 +197,7 @@ def test_a_learners_backend_plugs_in_with_one_call():
 
 @pytest.mark.parametrize("bad", ["int3", "", "INT8", 8, True])
 def test_bad_quantization_values_are_refused_at_the_door(bad):
-    with pytest.raises((ValueError, TypeError), match="quantization must be one of 'int4', 'int8' or None"):
+    with pytest.raises((ValueError, TypeError), match="quantization must be one of 'int4', 'int8', 'w4a8' or None"):
         EngineConfig(quantization=bad)
     with pytest.raises((ValueError, TypeError), match="quantization"):
         LLM("tiny-llama", quantization=bad)
@@ -238,14 +238,19 @@ def own_greedy(model, prompt_ids, max_tokens):
     return ids[len(prompt_ids):], steps
 
 
-def assert_same_or_tie(ours, reference, steps):
+def assert_same_or_tie(ours, reference, steps, tie=1e-3):
     if ours == reference:
         return
     i = next(i for i, (a, b) in enumerate(zip(ours, reference)) if a != b)
     logits = steps[i]
     top = float(logits.max())
-    assert top - float(logits[ours[i]]) <= 1e-3 and top - float(logits[reference[i]]) <= 1e-3, (
+    assert top - float(logits[ours[i]]) <= tie and top - float(logits[reference[i]]) <= tie, (
         f"step {i}: engine {ours[i]} vs no-cache {reference[i]}: not a rounding tie")
+
+
+# w4a8 rounds activations: a float-rounding difference can flip one (w4a8.py's docstring), so
+# its first differences sit at larger logit gaps (0.15-0.17 measured) than float noise makes
+TIES = {"w4a8": 0.5}
 
 
 QUESTIONS = ("What is the capital of France?", "What is the capital of Italy?", "Name three fruits.")
@@ -253,7 +258,7 @@ MAX_TOKENS = 12
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("method", ["int8", "int4", "w4a8"])
 def test_engine_quantized_matches_its_own_no_cache_loop(smol, method):
     model, tokenizer, _ = smol
     quantized = quantize_model(float_copy(model), method)
@@ -268,7 +273,7 @@ def test_engine_quantized_matches_its_own_no_cache_loop(smol, method):
                            quantization=method, **options)        # already quantized: a no-op
         outs = engine.generate(prompts, params) + engine.generate(prompts[:1], params)   # 2nd: cached prompt
         for out, (tokens, steps) in zip(outs, expected + expected[:1]):
-            assert_same_or_tie(out.outputs[0].token_ids, tokens, steps)
+            assert_same_or_tie(out.outputs[0].token_ids, tokens, steps, TIES.get(method, 1e-3))
         stats = engine.stats()
         assert stats["quantization"] == method and stats["prefix_cache_hit_rate"] > 0
         if options["num_kv_blocks"] == 22:

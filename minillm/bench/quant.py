@@ -1,5 +1,6 @@
-"""Quantization side by side: float32, int8 and int4 weights (eager, and compiled with
-`--compile`), and llama.cpp on the same model's GGUF, one engine at a time in one run.
+"""Quantization side by side: float32, int8, int4 and w4a8 (int4 weights, int8 activations)
+(eager, and compiled with `--compile`), and llama.cpp on the same model's GGUF, one engine at a
+time in one run.
 
     python -m minillm bench quant [--model M] [--quick] [--json FILE] [--against llama.cpp] [--compile]
 
@@ -53,7 +54,8 @@ SEQUENTIAL_LABEL = "one request at a time (llama-cpp-python's high-level API dec
 
 def configurations(compile: bool) -> list[tuple[str, str | None, bool]]:
     """(row name, quantization, compiled) for every minillm row."""
-    eager = [("float32", None, False), ("int8", "int8", False), ("int4", "int4", False)]
+    eager = [("float32", None, False), ("int8", "int8", False), ("int4", "int4", False),
+             ("w4a8", "w4a8", False)]
     return eager + ([(f"{name}+compile", q, True) for name, q, _ in eager] if compile else [])
 
 
@@ -243,7 +245,8 @@ def main(args) -> dict:
     if "int8" in rows:
         notes.append(f"int8 / float32 batch-1: {rows['int8']['batch1'] / rows['float32']['batch1']:.2f}x")
     if LLAMA_CPP_ROW in rows:
-        notes.append(f"int4 / llama.cpp batch-1: {rows['int4']['batch1'] / rows[LLAMA_CPP_ROW]['batch1']:.2f}x")
+        notes += [f"{name} / llama.cpp batch-1: {rows[name]['batch1'] / rows[LLAMA_CPP_ROW]['batch1']:.2f}x"
+                  for name in rows if name.startswith(("int4", "w4a8"))]
     report = {"batch1_decode_tok_s": {k: r["batch1"] for k, r in rows.items()},
               "throughput_tok_s": {k: r["throughput"] for k, r in rows.items()},
               "bandwidth_floor_tok_s": {k: bandwidth / r["bytes"]["total"] for k, r in rows.items()},

@@ -49,11 +49,15 @@ class Int4Linear(nn.Module):
         self.bias = bias
         self.torch_packed = None            # torch's layout, made on the first bfloat16/float16 call
         self.use_c_kernel = (codes.device.type == "cpu" and self.out_features % kernels.PANEL == 0
-                             and kernels.load_kernels() is not None)
+                             and self.load_c_kernel() is not None)
         if self.use_c_kernel:
-            self.register_buffer("panels", kernels.pack_int4_panels(codes), persistent=False)
+            self.register_buffer("panels", self.pack_codes(codes), persistent=False)
             self.register_buffer("scale_panels", kernels.to_panels(scale.float()), persistent=False)
             self.register_buffer("minimum_panels", kernels.to_panels(minimum.float()), persistent=False)
+
+    # The C kernel and its code layout (w4a8.py's subclass has its own).
+    load_c_kernel = staticmethod(kernels.load_kernels)
+    pack_codes = staticmethod(kernels.pack_int4_panels)
 
     @classmethod
     def from_linear(cls, linear: nn.Module, group_size: int = DEFAULT_GROUP_SIZE) -> "Int4Linear":

@@ -17,6 +17,11 @@ Two schemes, both "weight-only" (dequantize, then an ordinary float matmul):
       zero = minimum + 8 * scale, the value of the middle code (see int4.py).
 
 A row (int8) or group (int4) of zeros gets scale 1: its codes are all zero-valued either way.
+
+One scheme that rounds the activations too, "w4a8" (w4a8.py): int4 weights as above, and each
+row of activations rounded to int8 in blocks of 32 inputs, symmetric (llama.cpp's Q8 blocks):
+      x[k] ≈ qx[k] * d[b],  d[b] = max |x| over block b / 127
+so a kernel can multiply integers. Its reference is F.linear(fake-quantized x, dequantized W).
 """
 from __future__ import annotations
 
@@ -60,6 +65,27 @@ def dequantize_int4(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor,
     n, k = q.shape
     groups = q.float().reshape(n, k // group_size, group_size)
     return (minimum.float()[..., None] + groups * scale.float()[..., None]).reshape(n, k)
+
+
+ACTIVATION_BLOCK = 32     # inputs per int8 activation scale (w4a8)
+
+
+def quantize_activations_int8(x: torch.Tensor, block: int = ACTIVATION_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """float [M, K] -> (qx int8 [M, K], d float32 [M, K/block]): one symmetric scale per `block`
+    inputs of a row. K must be a multiple of block (w4a8's K is a multiple of its group size)."""
+    m, k = x.shape
+    blocks = x.detach().float().reshape(m, k // block, block)
+    largest = blocks.abs().amax(dim=-1)
+    d = torch.where(largest > 0, largest / INT8_MAX, torch.ones_like(largest))
+    qx = torch.round(blocks / d[..., None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return qx.reshape(m, k), d
+
+
+def fake_quantize_activations(x: torch.Tensor, block: int = ACTIVATION_BLOCK) -> torch.Tensor:
+    """x rounded as w4a8 rounds it, back in float32: qx * d."""
+    qx, d = quantize_activations_int8(x, block)
+    m, k = x.shape
+    return (qx.float().reshape(m, k // block, block) * d[..., None]).reshape(m, k)
 
 
 def reference_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

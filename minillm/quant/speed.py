@@ -12,6 +12,7 @@ Random weights: the speed of these kernels does not depend on the values.
     int4-g32     Int4Linear, group_size 32: aten._weight_int4pack_mm_for_cpu
     int4-g128    the same with group_size 128 (SmolLM2's K=576 is padded to 640)
     int4-ref     dequantize_int4 then F.linear at every call (group 32)
+    w4a8         W4A8Linear, group 32: int4 weights x int8 activations, integer dot products
     bf16, int8-torch-bf16, int4-torch-bf16: bfloat16 weights and activations; the int ones run
                  torch's aten._weight_int8pack_mm / _weight_int4pack_mm_for_cpu (group 32)
 
@@ -30,7 +31,8 @@ the ratios mean anything; re-measure on a quiet machine):
         int8      17 ms     42 ms     93-118 ms      (3.3-3.9x at batch 1)
         int4-g32  80 ms     72 ms     152 ms         (g128: 66 ms at 1 row)
     int4 is compute-bound in this kernel (unpacking nibbles, two sums per group): at batch 1 it
-    is barely faster than float32 here; a faster int4 kernel is future work.
+    is barely faster than float32 here. w4a8 (int8 activations, integer dot products) is the
+    faster 4-bit kernel: w4a8.py's docstring has its figures (quiet machine, 4.4x int4 at 8 rows).
   - the dequantize-then-F.linear reference (int8-ref, int4-ref) is 2-10x slower than float32 at
     every size: it reads the int weights AND writes and reads a float copy each call.
 """
@@ -46,6 +48,7 @@ from torch import nn
 
 from .int4 import Int4Linear
 from .int8 import Int8Linear
+from .w4a8 import W4A8Linear
 from .reference import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
 
 LAYER_SHAPES = {"q": (576, 576), "k": (192, 576), "v": (192, 576), "o": (576, 576),
@@ -95,6 +98,7 @@ METHODS = {
     "int4-g32": lambda linear: Int4Linear.from_linear(linear, group_size=32),
     "int4-g128": lambda linear: Int4Linear.from_linear(linear, group_size=128),
     "int4-ref": int4_reference,
+    "w4a8": lambda linear: W4A8Linear.from_linear(linear, group_size=32),
     "bf16": in_bfloat16(float_linear),
     "int8-torch-bf16": in_bfloat16(Int8Linear.from_linear),
     "int4-torch-bf16": in_bfloat16(lambda linear: Int4Linear.from_linear(linear, group_size=32)),

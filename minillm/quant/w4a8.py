@@ -1,0 +1,118 @@
+"""`W4A8Linear` ("w4a8"): int4 weights (int4.py's scheme) times activations rounded to int8.
+
+Weight-only int4 keeps the activations in float, so its kernel converts every code to float
+before multiplying: at batch 1 that arithmetic, not the bytes read, sets the time. llama.cpp's
+4-bit CPU path rounds the activations to int8 too (blocks of 32, one scale each) and multiplies
+integers; this backend does the same (w4a8_linear.c: AVX-512 VNNI, 64 byte products per
+instruction). The price is the activations' rounding: quality.py measures it against int4.
+
+Which matmul runs: float32 on CPU: the C kernel, at every number of rows; anything else
+(bfloat16/float16, CUDA): the reference, F.linear(fake-quantized x, dequantized W).
+
+Why the kernel at every size (the weight-only backends switch to dequantize + F.linear above
+64 rows): rounding the activations makes the layer jump where weight-only layers move smoothly.
+A float-rounding difference upstream can push one activation across a rounding boundary and
+change the output by d * |w|, not by float noise. So a row must be computed the same way
+whatever else shares the step, or a request's tokens would depend on its batch (and the
+engine's one-at-a-time re-run after a fault would not reproduce them). The same jumps make the
+engine's greedy tokens differ from a no-cache forward's (different attention arithmetic) at
+larger logit gaps than weight-only schemes do: the first differences measured were at gaps of
+0.15-0.17 (tests/test_quantization.py allows 0.5 for this scheme, 1e-3 for the others).
+llama.cpp, which rounds its activations the same way, has the same property.
+
+Measured (`python -m minillm.quant.speed --threads T --methods int4-g32 w4a8`, quiet 2-core
+AMD EPYC with AVX-512 VNNI; 210 distinct layers of SmolLM2-135M's shapes, ms per step):
+    rows                     1       8      32
+    int4-g32, 1 thread     16.0    78.9   204.7
+    w4a8,     1 thread     13.2    18.0    46.2      (4.4x at 8 rows, 4.4x at 32)
+    int4-g32, 2 threads     7.3    22.9    78.4
+    w4a8,     2 threads     7.7    15.1    37.3
+At one row and two threads both are bound by what is not arithmetic: ~18 us per call of
+overhead (Python, the op dispatcher, ctypes, OpenMP's fork) times 210 calls, and DRAM. torch's
+own int4 CPU op takes a scalar path with float32 activations (speed.py: 5.3 ms for ONE layer).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..native import build
+from . import kernels
+from .int4 import Int4Linear
+from .reference import ACTIVATION_BLOCK, fake_quantize_activations
+from .registry import register_linear_backend
+
+SOURCE = Path(__file__).with_name("w4a8_linear.c")
+
+load_error = ""
+
+
+@functools.cache
+def load_w4a8_kernel(portable: bool = False):
+    """The C library (w4a8_linear, w4a8_has_vnni) or None (reason in `load_error`). `portable`
+    builds it without VNNI, so the plain C path is tested on machines that have VNNI."""
+    global load_error
+    lib, load_error = build(SOURCE, ("-mno-avx512vnni",) if portable else ())
+    if lib is None:
+        return None
+    ptr, i32 = ctypes.c_void_p, ctypes.c_int
+    lib.w4a8_linear.argtypes = [ptr, i32, i32, ptr, ptr, ptr, i32, i32, ptr, i32]
+    lib.w4a8_linear.restype = i32
+    lib.w4a8_has_vnni.restype = i32
+    return lib
+
+
+def pack_w4a8_panels(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 codes [N, K] in 0..15 -> [N / PANEL, K / 8, PANEL, 4]: for inputs k0..k0+7 of column
+    c, byte j holds input k0+j in its low nibble and k0+4+j in its high one (w4a8_linear.c)."""
+    n, k = codes.shape
+    eights = codes.reshape(n, k // 8, 2, 4)                      # [N, K/8, low|high, j]
+    bytes_ = eights[:, :, 0] | (eights[:, :, 1] << 4)             # [N, K/8, 4]
+    return bytes_.reshape(n // kernels.PANEL, kernels.PANEL, k // 8, 4).transpose(1, 2).contiguous()
+
+
+def w4a8_matmul(x: torch.Tensor, panels: torch.Tensor, scale_panels: torch.Tensor,
+                minimum_panels: torch.Tensor, group_size: int, lib=None) -> torch.Tensor:
+    """x float32 [M, K] contiguous -> [M, N] via w4a8_linear (a torch op inside torch.compile)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.minillm.w4a8_linear(x, panels, scale_panels, minimum_panels, group_size)
+    m, k = x.shape
+    n = panels.shape[0] * kernels.PANEL
+    y = torch.empty(m, n)
+    if (lib or load_w4a8_kernel()).w4a8_linear(
+            x.data_ptr(), m, k, panels.data_ptr(), scale_panels.data_ptr(), minimum_panels.data_ptr(),
+            group_size, n, y.data_ptr(), torch.get_num_threads()):
+        raise MemoryError(f"w4a8_linear could not allocate the int8 activations of a {m} x {k} input")
+    return y
+
+
+_OPS = torch.library.Library("minillm", "FRAGMENT")
+_OPS.define("w4a8_linear(Tensor x, Tensor panels, Tensor scale_panels, Tensor minimum_panels, int group_size) -> Tensor")
+_OPS.impl("w4a8_linear", w4a8_matmul, "CPU")
+
+
+@torch.library.register_fake("minillm::w4a8_linear")
+def _(x, panels, scale_panels, minimum_panels, group_size):
+    return x.new_empty(x.shape[0], panels.shape[0] * kernels.PANEL)
+
+
+@register_linear_backend
+class W4A8Linear(Int4Linear):
+    name = "w4a8"
+    load_c_kernel = staticmethod(load_w4a8_kernel)
+    pack_codes = staticmethod(pack_w4a8_panels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = self._padded(x.reshape(-1, self.in_features))      # K: a multiple of the group size
+        if x.device.type == "cpu" and x.dtype == torch.float32 and self.use_c_kernel:
+            y = w4a8_matmul(rows, self.panels, self.scale_panels, self.minimum_panels, self.group_size)
+            y = y if self.bias is None else y + self.bias
+        else:                               # in float32 whatever x is, then back to x's dtype
+            rounded = fake_quantize_activations(rows, ACTIVATION_BLOCK)[:, :self.in_features]
+            bias = None if self.bias is None else self.bias.float()
+            y = F.linear(rounded, self.dequantized_weight(), bias).to(x.dtype)
+        return y.reshape(*x.shape[:-1], self.out_features)
