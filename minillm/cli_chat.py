@@ -119,4 +119,4 @@ def add_sampling_arguments(p) -> None:
     p.add_argument("--compile", action="store_true",
                    help="run decode steps through torch.compile (slow first start; cached after)")
     p.add_argument("--quantization", choices=quantization_names(), default=None,
-                   help="weight-only quantized linears (default: float weights)")
+                   help="quantized linears: int8, int4 weight-only; w4a8 int4 weights x int8 activations (default: float)")

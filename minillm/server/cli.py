@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run decode steps through torch.compile (slow first start; cached after)")
     p.add_argument("--enforce-eager", action="store_true", default=None, help="on CUDA: no CUDA graphs")
     p.add_argument("--quantization", choices=quantization_names(), default=None,
-                   help="weight-only quantized linears (default: float weights)")
+                   help="quantized linears: int8, int4 weight-only; w4a8 int4 weights x int8 activations (default: float)")
 
 
 def engine_options(args) -> dict:
