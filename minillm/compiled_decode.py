@@ -33,10 +33,10 @@ traces with dynamo (seconds per bucket); only inductor's code generation is cach
 Guards: before each call dynamo re-checks what the graph assumed, and for a model that is
 every parameter and module attribute: 2.3 ms of a 15.5 ms batch-1 step (w4a8, 2 threads,
 torch.profiler's "TorchDynamo Cache Lookup"), 0.2 ms with the module guards skipped
-(`torch.compiler.skip_guard_on_all_nn_modules_unsafe`). Unsafe in general, safe here: the
-engine owns its model and never changes it after building the step. The one change this
-package can make to a model in place, `quantize_model`, is checked on every call instead
-(`model.quantization`): a compiled step refuses to run a model quantized under it. And
+(`torch.compiler.skip_guard_on_all_nn_modules_unsafe`). Unsafe in general; here the engine
+never changes its model after building the step, and what another engine on the same model
+could change in place (quantization, dtype, device) is checked on every step instead
+(`static_decode.model_fingerprint`): the step refuses to run a model changed under it. And
 dynamo keeps compiled graphs on the function's code object, shared by every engine in the
 process: without the module guards, a graph built for another engine's model (say int8)
 would be found for this one's (int4). So each engine compiles a copy of the step's function
@@ -78,7 +78,6 @@ class CompiledDecodeStep:
         self.step = step
         self.options = {"freezing": freezing, "max_autotune": max_autotune,
                         "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
-        self.quantization = getattr(step.model, "quantization", None)     # what the graphs assume
         self.forward_copy = own_code_copy(step.forward)                    # this engine's graphs only
         self.compiled: dict[int, object] = {}
         self.warm: set[int] = set()          # buckets whose graph is built
@@ -95,10 +94,6 @@ class CompiledDecodeStep:
 
     @torch.inference_mode()
     def forward(self, bucket: int) -> torch.Tensor:
-        if getattr(self.step.model, "quantization", None) != self.quantization:
-            raise RuntimeError(f"the model was quantized ({self.step.model.quantization}) after this compiled "
-                               "engine was built on it; its compiled graphs hold the float layers: build a new "
-                               "engine (LLMEngine(model, ..., quantization=...) quantizes before compiling)")
         fn = self.callable_for(bucket)
         if self.failed or bucket in self.warm:
             return fn()

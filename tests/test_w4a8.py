@@ -21,7 +21,8 @@ def test_activations_round_per_block_of_32_symmetrically():
     assert qx.dtype == torch.int8 and d.shape == (3, 3)
     assert qx.abs().max() == 127 and qx.reshape(3, 3, 32).abs().amax(-1).eq(127).sum() == 8  # each block's largest -> 127
     assert d[2, 1] == 1 and qx[2, 32:64].eq(0).all()
-    assert torch.allclose(d, x.reshape(3, 3, 32).abs().amax(-1).clamp_min(1e-30) / 127) or d[2, 1] == 1
+    largest = x.reshape(3, 3, 32).abs().amax(-1)
+    assert torch.equal(d, torch.where(largest > 0, largest / 127, torch.ones_like(largest)))   # max |x| / 127
     err = (fake_quantize_activations(x) - x).abs().reshape(3, 3, 32)
     assert (err <= d[..., None] / 2 + 1e-7 * d[..., None]).all()      # round to nearest, per block
     half = torch.tensor([[127.0, 0.5, 1.5, 2.5] + [0.0] * 28])          # d = 1: exact halves
@@ -99,3 +100,28 @@ def test_w4a8_is_a_registered_int4_backend():
     linear = nn.Linear(576, 64)
     assert torch.equal(W4A8Linear.from_linear(linear).dequantized_weight(),
                        Int4Linear.from_linear(linear).dequantized_weight())     # same weights as int4
+
+
+def test_nan_and_inf_in_a_row_come_out_as_nan_in_that_row_only():
+    """A float layer turns a NaN input into NaN outputs; rounding must not hide it as finite
+    garbage (fmaxf skips NaN, and NaN -> int8 is undefined in C)."""
+    torch.manual_seed(0)
+    layer = W4A8Linear.from_linear(nn.Linear(576, 64, bias=False))
+    x = torch.randn(3, 576)
+    x[0, 40], x[1, 300] = float("nan"), float("inf")
+    expected = F.linear(fake_quantize_activations(x), layer.dequantized_weight())
+    assert expected[:2].isnan().all() and expected[2].isfinite().all()
+    for name, lib in builds():
+        got = w4a8_matmul(x, layer.panels, layer.scale_panels, layer.minimum_panels, 32, lib=lib)
+        assert got[:2].isnan().all(), name
+        torch.testing.assert_close(got[2], expected[2], rtol=1e-5, atol=1e-4)
+
+
+def test_the_op_refuses_what_the_kernel_cannot_read():
+    layer = W4A8Linear.from_linear(nn.Linear(64, 32, bias=False))
+    for x, group in ((torch.randn(2, 64).double(), 32), (torch.randn(2, 64), 16), (torch.randn(2, 48), 32)):
+        with pytest.raises(ValueError, match="w4a8_linear takes float32"):
+            w4a8_matmul(x, layer.panels, layer.scale_panels, layer.minimum_panels, group)
+    strided = torch.randn(1, 64).expand(3, 64)                   # not contiguous: copied, not misread
+    torch.testing.assert_close(w4a8_matmul(strided, layer.panels, layer.scale_panels, layer.minimum_panels, 32),
+                               layer(strided[:1].contiguous()).expand(3, 32))

@@ -60,9 +60,10 @@ if importlib.util.find_spec("google") and importlib.util.find_spec("google.colab
         pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *args],
                              capture_output=True, text=True)
         if pip.returncode:
+            fix = ("To install the course from elsewhere (a fork, a tag, a folder), set os.environ"
+                   "['{variable}'] = 'git+https://...'" if args == [source] else "Check the runtime's network")
             raise RuntimeError(f"could not pip install {{' '.join(args)}}:\\n{{pip.stderr[-1500:]}}\\n"
-                               "To install the course from elsewhere (a fork, a tag, a folder), set "
-                               "os.environ['{variable}'] = 'git+https://...' and run this cell again.")
+                               f"{{fix}} and run this cell again.")
     import torch
     print("minillm installed from", source, "| this lesson runs on",
           f"the GPU ({{torch.cuda.get_device_name(0)}})" if torch.cuda.is_available() else

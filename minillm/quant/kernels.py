@@ -57,7 +57,7 @@ def int8_matmul(x: torch.Tensor, panels: torch.Tensor, scale: torch.Tensor) -> t
         return torch.ops.minillm.int8_linear(x, panels, scale)
     m, k = x.shape
     n = panels.shape[0] * PANEL
-    y = torch.empty(m, n)
+    y = torch.empty(m, n, dtype=torch.float32)
     load_kernels().int8_linear(x.data_ptr(), m, k, panels.data_ptr(), scale.data_ptr(), n, y.data_ptr(),
                                torch.get_num_threads())
     return y
@@ -70,7 +70,7 @@ def int4_matmul(x: torch.Tensor, panels: torch.Tensor, scale_panels: torch.Tenso
         return torch.ops.minillm.int4_linear(x, panels, scale_panels, minimum_panels, group_size)
     m, k = x.shape
     n = panels.shape[0] * PANEL
-    y = torch.empty(m, n)
+    y = torch.empty(m, n, dtype=torch.float32)
     load_kernels().int4_linear(x.data_ptr(), m, k, panels.data_ptr(), scale_panels.data_ptr(),
                                minimum_panels.data_ptr(), group_size, n, y.data_ptr(), torch.get_num_threads())
     return y

@@ -72,12 +72,13 @@ ACTIVATION_BLOCK = 32     # inputs per int8 activation scale (w4a8)
 
 def quantize_activations_int8(x: torch.Tensor, block: int = ACTIVATION_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
     """float [M, K] -> (qx int8 [M, K], d float32 [M, K/block]): one symmetric scale per `block`
-    inputs of a row. K must be a multiple of block (w4a8's K is a multiple of its group size)."""
+    inputs of a row. K must be a multiple of block (w4a8's K is a multiple of its group size).
+    A block with NaN or inf keeps a NaN/inf scale, so qx * d is NaN there, as float math would be."""
     m, k = x.shape
     blocks = x.detach().float().reshape(m, k // block, block)
     largest = blocks.abs().amax(dim=-1)
-    d = torch.where(largest > 0, largest / INT8_MAX, torch.ones_like(largest))
-    qx = torch.round(blocks / d[..., None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+    d = torch.where(largest == 0, torch.ones_like(largest), largest / INT8_MAX)   # NaN/inf: d NaN/inf
+    qx = torch.round(blocks / d[..., None]).clamp(-INT8_MAX, INT8_MAX).nan_to_num(0).to(torch.int8)
     return qx.reshape(m, k), d
 
 

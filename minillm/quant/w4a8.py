@@ -1,13 +1,16 @@
 """`W4A8Linear` ("w4a8"): int4 weights (int4.py's scheme) times activations rounded to int8.
 
 Weight-only int4 keeps the activations in float, so its kernel converts every code to float
-before multiplying: at batch 1 that arithmetic, not the bytes read, sets the time. llama.cpp's
+before multiplying: that arithmetic, not the bytes read, sets the kernel's time (below: from a
+few rows up, or on one thread; at one row on two threads per-call overhead hides it). llama.cpp's
 4-bit CPU path rounds the activations to int8 too (blocks of 32, one scale each) and multiplies
 integers; this backend does the same (w4a8_linear.c: AVX-512 VNNI, 64 byte products per
 instruction). The price is the activations' rounding: quality.py measures it against int4.
 
-Which matmul runs: float32 on CPU: the C kernel, at every number of rows; anything else
-(bfloat16/float16, CUDA): the reference, F.linear(fake-quantized x, dequantized W).
+Which matmul runs: float32 on CPU: the C kernel, at every number of rows (when it is built and
+out_features is a multiple of 32, as in every model here); anything else (bfloat16/float16,
+CUDA, no C compiler): the reference, F.linear(fake-quantized x, dequantized W), which is not
+batch-invariant (see below).
 
 Why the kernel at every size (the weight-only backends switch to dequantize + F.linear above
 64 rows): rounding the activations makes the layer jump where weight-only layers move smoothly.
@@ -81,8 +84,12 @@ def w4a8_matmul(x: torch.Tensor, panels: torch.Tensor, scale_panels: torch.Tenso
     if torch.compiler.is_compiling():
         return torch.ops.minillm.w4a8_linear(x, panels, scale_panels, minimum_panels, group_size)
     m, k = x.shape
+    if x.dtype != torch.float32 or k % group_size or group_size % ACTIVATION_BLOCK:
+        raise ValueError(f"w4a8_linear takes float32 [M, K] with K a multiple of group_size and group_size "
+                         f"of {ACTIVATION_BLOCK}; got {x.dtype} [{m}, {k}], group_size {group_size}")
+    x = x.contiguous()
     n = panels.shape[0] * kernels.PANEL
-    y = torch.empty(m, n)
+    y = torch.empty(m, n, dtype=torch.float32)
     if (lib or load_w4a8_kernel()).w4a8_linear(
             x.data_ptr(), m, k, panels.data_ptr(), scale_panels.data_ptr(), minimum_panels.data_ptr(),
             group_size, n, y.data_ptr(), torch.get_num_threads()):

@@ -23,6 +23,7 @@
  * loop with the same integer sums (kernels built with -mno-avx512vnni test it on any machine).
  * N must be a multiple of P, K of G, G of B.
  */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -35,11 +36,22 @@
 #define B 32    /* inputs per activation block (one scale d each) */
 
 /* One row to int8: per block, d = max|x| / 127 (1 for a block of zeros), qx = round(x / d)
- * (half to even, as torch.round). xs[b] = d * sum(qx): the block's sum as the weights see it. */
+ * (half to even, as torch.round). xs[b] = d * sum(qx): the block's sum as the weights see it.
+ * A block holding NaN or inf gets d = NaN, so the outputs say NaN as a float layer's would. */
 static void quantize_row(const float *x, int K, int8_t *qx, float *d, float *xs) {
     for (int b = 0; b < K / B; b++) {
         float largest = 0;
-        for (int k = b * B; k < (b + 1) * B; k++) largest = fmaxf(largest, fabsf(x[k]));
+        int finite = 1;
+        for (int k = b * B; k < (b + 1) * B; k++) {
+            const float a = fabsf(x[k]);
+            finite &= a <= FLT_MAX;             /* false for NaN and inf */
+            largest = fmaxf(largest, a);
+        }
+        if (!finite) {
+            memset(qx + b * B, 0, B);
+            d[b] = xs[b] = NAN;
+            continue;
+        }
         const float db = largest > 0 ? largest / 127.0f : 1.0f;
         int sum = 0;
         for (int k = b * B; k < (b + 1) * B; k++) {
