@@ -10,6 +10,7 @@ from torch import nn
 
 from minillm.quant import LINEAR_BACKENDS, Int4Linear, W4A8Linear
 from minillm.quant.reference import fake_quantize_activations, quantize_activations_int8
+from minillm.quant import w4a8
 from minillm.quant.w4a8 import load_w4a8_kernel, pack_w4a8_panels, w4a8_matmul
 
 
@@ -45,7 +46,7 @@ def builds():
 def test_both_kernel_builds_match_the_reference(group_size, shape, rows):
     available = builds()
     if not available:
-        pytest.skip("no C compiler")
+        pytest.skip(f"no C compiler: {w4a8.load_error}")
     torch.manual_seed(0)
     linear = nn.Linear(shape[1], shape[0], bias=False)
     layer = W4A8Linear.from_linear(linear, group_size=group_size)
@@ -86,7 +87,7 @@ def test_a_row_gives_the_same_bits_whatever_shares_its_call():
     """Batch invariance: the kernel runs at every number of rows (w4a8.py says why), and each
     row's arithmetic does not depend on the others: 1, 64 or 130 rows, identical bits."""
     if load_w4a8_kernel() is None:
-        pytest.skip("no C compiler")
+        pytest.skip(f"no C compiler: {w4a8.load_error}")
     torch.manual_seed(0)
     layer = W4A8Linear.from_linear(nn.Linear(576, 192, bias=True))
     x = torch.randn(130, 576)
