@@ -1,9 +1,9 @@
 """minillm: a small vLLM-style inference engine, built lesson by lesson."""
-from .engine import LLMEngine
+from .engine.engine import LLMEngine
 from .llm import LLM
 from .models import DEFAULT_MODEL, load_model, load_tokenizer
 from .outputs import CompletionOutput, RequestOutput
-from .sampling import SamplingParams
+from .sampling_params import SamplingParams
 
 __all__ = ["DEFAULT_MODEL", "LLM", "LLMEngine", "CompletionOutput", "RequestOutput", "SamplingParams",
            "load_model", "load_tokenizer"]

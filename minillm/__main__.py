@@ -15,7 +15,7 @@ import sys
 
 
 def main(argv=None) -> int:
-    from . import cli_chat
+    from .cli import chat as cli_chat
 
     parser = argparse.ArgumentParser(prog="python -m minillm", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from .attention import backend_names
 from .quant.registry import quantization_names
-from .validate import Validated, check_bool, check_choice, check_int, fail
+from .utils.validate import Validated, check_bool, check_choice, check_int, fail
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 

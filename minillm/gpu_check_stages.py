@@ -39,8 +39,8 @@ def greedy_exactness(device: str, dtypes=("float32", "bfloat16", "float16"), max
                      model_name: str | None = None, save=print) -> dict:
     """{dtype: {backend: [verdict per prompt]}}; a verdict is 'identical', 'tie at step i'
     or 'FAIL: why'. `save` gets the figures so far after each backend (a timeout keeps them)."""
-    from .engine import LLMEngine
-    from .sampling import SamplingParams
+    from .engine.engine import LLMEngine
+    from .sampling_params import SamplingParams
     results = {}
     for dtype in dtypes:
         model, tokenizer = load_model(model_name, device=device, dtype=dtype)

@@ -11,11 +11,11 @@ import dataclasses
 import threading
 
 from .config import EngineConfig
-from .engine import LLMEngine
+from .engine.engine import LLMEngine
 from .models import load_model
 from .outputs import RequestOutput
-from .sampling import SamplingParams
-from .tokenizer import check_messages
+from .sampling_params import SamplingParams
+from .text.tokenizer import check_messages
 
 _ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)}
 

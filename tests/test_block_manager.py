@@ -21,8 +21,8 @@ from minillm.attention.paged import slot_mapping
 from minillm.kv.block_allocator import NoFreeBlocksError
 from minillm.kv.block_manager import BlockManager, cdiv
 from minillm.kv.prefix_cache import block_hash
-from minillm.sampling import SamplingParams
-from minillm.sequence import Sequence
+from minillm.sampling_params import SamplingParams
+from minillm.engine.sequence import Sequence
 
 PARAMS = SamplingParams()
 

@@ -56,7 +56,7 @@ def test_graders_import_in_any_order(first):
 # ---------------------------------------------------------------- the engine stage of every grader
 
 def test_engine_stage_fails_instead_of_hanging_on_a_scheduler_that_never_schedules():
-    from minillm.scheduler import Scheduler, SchedulerOutput
+    from minillm.engine.scheduler import Scheduler, SchedulerOutput
 
     class Idle(Scheduler):
         def schedule(self):

@@ -12,10 +12,10 @@ from checks_support import rejects
 
 from minillm import checks
 from minillm.attention import NoCache
-from minillm.naive import generate_naive, prompt_to_ids
+from minillm.baselines.naive_generation import generate_naive, prompt_to_ids
 from minillm.outputs import CompletionOutput
-from minillm.sampling import apply_top_k, apply_top_p, make_generator, sample
-from minillm.stopping import StopChecker
+from minillm.sample.sampler import apply_top_k, apply_top_p, make_generator, sample
+from minillm.text.stopping import StopChecker
 
 
 # ---------------------------------------------------------------- lesson 01: top-k

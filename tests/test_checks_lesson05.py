@@ -8,8 +8,8 @@ import pytest
 from checks_support import rejects
 
 from minillm import checks
-from minillm.scheduler import Scheduler
-from minillm.sequence import Status
+from minillm.engine.scheduler import Scheduler
+from minillm.engine.sequence import Status
 
 
 # ---------------------------------------------------------------- lesson 05: scheduler
@@ -19,7 +19,7 @@ class _PlantedScheduler(Scheduler):
     lifo = admit_only_when_idle = ignore_budget = prefill_first = never_chunk = skip_append = no_preempt = False
 
     def schedule(self):
-        from minillm.scheduler import SchedulerOutput
+        from minillm.engine.scheduler import SchedulerOutput
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         for queue in (self.running, self.swapped):

@@ -11,8 +11,8 @@ from checks_support import rejects
 
 from minillm import checks
 from minillm.kv.block_manager import BlockManager
-from minillm.scheduler import Scheduler
-from minillm.sequence import Status
+from minillm.engine.scheduler import Scheduler
+from minillm.engine.sequence import Status
 
 
 # ---------------------------------------------------------------- lesson 06: preemption

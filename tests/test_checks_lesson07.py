@@ -8,7 +8,7 @@ import pytest
 from checks_support import rejects
 
 from minillm import checks
-from minillm.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
+from minillm.text.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
 from minillm.server.async_engine import RequestStream
 
 

@@ -4,7 +4,7 @@ import argparse
 import io
 
 from minillm import LLM, SamplingParams
-from minillm.cli_chat import cmd_chat, stream_engine
+from minillm.cli.chat import cmd_chat, stream_engine
 
 from conftest import get_model
 

@@ -14,15 +14,15 @@ import torch
 from minillm.attention import make_backend
 from minillm.attention.cpu_paged import kernel_available, run_kernel, load_kernel
 from minillm.attention.paged import TorchPagedAttention
-from minillm.cli_chat import add_sampling_arguments
+from minillm.cli.chat import add_sampling_arguments
 from minillm.config import EngineConfig
-from minillm.engine import LLMEngine
+from minillm.engine.engine import LLMEngine
 from minillm.kv.paged_cache import PagedKVCache
 from minillm.models import load_model
-from minillm.runner import ModelRunner
-from minillm.sampling import SamplingParams
+from minillm.runner.model_runner import ModelRunner
+from minillm.sampling_params import SamplingParams
 from minillm.server.cli import add_arguments, engine_options
-from minillm.static_decode import StaticDecodeStep, bucket_for, bucket_sizes
+from minillm.runner.fixed_shape_decode import StaticDecodeStep, bucket_for, bucket_sizes
 
 @functools.cache
 def get_model(name):

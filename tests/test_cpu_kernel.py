@@ -114,7 +114,7 @@ def test_without_a_compiler_the_engine_falls_back_to_torch(tmp_path):
     """A machine with no C compiler (CC points at `false`): "auto" runs the reference and
     asking for the kernel by name is a clear error."""
     script = (
-        "from minillm.engine import LLMEngine\n"
+        "from minillm.engine.engine import LLMEngine\n"
         "from minillm.models import load_model\n"
         "model, tok = load_model('tiny-llama')\n"
         "print(LLMEngine(model, tok, num_kv_blocks=32).stats()['attention_backend'])\n"

@@ -13,11 +13,11 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"       # before any Triton kernel module is imported
 
 from minillm.attention import ATTENTION_BACKENDS, TorchPagedAttention
-from minillm.cuda_graphs import CUDAGraphDecode, capture_safe
-from minillm.engine import LLMEngine
+from minillm.runner.cuda_graphs import CUDAGraphDecode, capture_safe
+from minillm.engine.engine import LLMEngine
 from minillm.models import load_model
-from minillm.sampling import SamplingParams
-from minillm.static_decode import StaticDecodeStep, bucket_for
+from minillm.sampling_params import SamplingParams
+from minillm.runner.fixed_shape_decode import StaticDecodeStep, bucket_for
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 PARAMS = [SamplingParams(temperature=0, max_tokens=4 + 5 * i, ignore_eos=True) for i in range(5)]

@@ -3,10 +3,10 @@ byte-level tokenizer: characters that span several tokens, stop strings that spa
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from minillm.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
+from minillm.text.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
 from minillm.models.loader import load_tokenizer
-from minillm.sampling import SamplingParams
-from minillm.stopping import StopChecker
+from minillm.sampling_params import SamplingParams
+from minillm.text.stopping import StopChecker
 
 TEXTS = [
     "Hello 👋🏽 wörld! 你好，世界。 café naïve 🇫🇷 done",

@@ -5,7 +5,7 @@ import random
 import pytest
 
 from minillm import LLM, SamplingParams
-from minillm.engine import LLMEngine
+from minillm.engine.engine import LLMEngine
 from minillm.models.reference import compare_greedy, reference_greedy
 
 from conftest import get_model

@@ -9,9 +9,9 @@ and seeded sampling mixed in one batch.
 import pytest
 import torch
 
-import minillm.engine_step as engine_module
-from minillm.engine import LLMEngine
-from minillm.sampling import SamplingParams
+import minillm.engine.step as engine_module
+from minillm.engine.engine import LLMEngine
+from minillm.sampling_params import SamplingParams
 
 from conftest import get_model
 

@@ -2,10 +2,10 @@
 import pytest
 
 from minillm.kv.contiguous import ContiguousKVCache
-from minillm.static_batch import generate_static_batch, generate_with_cache
-from minillm.naive import generate_naive
+from minillm.baselines.static_batching import generate_static_batch, generate_with_cache
+from minillm.baselines.naive_generation import generate_naive
 from minillm.models.reference import compare_greedy, reference_greedy
-from minillm.sampling import SamplingParams
+from minillm.sampling_params import SamplingParams
 
 from conftest import PROMPTS
 

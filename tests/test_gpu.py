@@ -9,12 +9,12 @@ import torch
 
 from minillm.bench.roofline import available_backends
 from minillm.config import EngineConfig
-from minillm.engine import LLMEngine
+from minillm.engine.engine import LLMEngine
 from minillm.kv.swap import SwapSpace, contiguous_runs
 from minillm.models import load_model
 from minillm.models.loader import resolve_dtype
 from minillm.models.reference import compare_greedy, reference_greedy, tie_tolerance, transformers_twin
-from minillm.sampling import SamplingParams
+from minillm.sampling_params import SamplingParams
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 QUESTIONS = ("What is the capital of France?", "Name three fruits.", "Count to five.")

@@ -164,8 +164,8 @@ def test_hang_import_error_and_unreadable_notebook_are_reported(tmp_path):
     out.mkdir()
     hang = replace(notebook("00", stubs=False), "    xf = x.float()", "    while True:\n        pass")
     write(hang, folder / "hangs__00_setup_and_tour.ipynb")
-    broken = replace(notebook("04", stubs=False), "from minillm.sequence import Sequence",
-                     "from minillm.sequence import Sequense")
+    broken = replace(notebook("04", stubs=False), "from minillm.engine.sequence import Sequence",
+                     "from minillm.engine.sequence import Sequense")
     write(broken, folder / "noimport__04_prefix_sharing.ipynb")
     (folder / "garbled__03_paged_kv.ipynb").write_text("{ not json")
     stdout, records = grade(folder, out, "--timeout", "25")

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from minillm.engine import LLMEngine
-from minillm.naive import next_token_logits_naive
-from minillm.sampling import SamplingParams
+from minillm.engine.engine import LLMEngine
+from minillm.baselines.naive_generation import next_token_logits_naive
+from minillm.sampling_params import SamplingParams
 
 from conftest import get_model
 

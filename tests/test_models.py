@@ -8,12 +8,12 @@ from safetensors.torch import save_file
 
 from minillm.attention import NoCache
 from minillm.config import ModelConfig
-from minillm.static_batch import generate_with_cache
+from minillm.baselines.static_batching import generate_with_cache
 from minillm.models import load_model
 from minillm.models.llama import LlamaForCausalLM
 from minillm.models.reference import compare_greedy, reference_greedy, transformers_twin
 from minillm.models.tiny import TINY_CONFIGS, build_tiny
-from minillm.sampling import SamplingParams
+from minillm.sampling_params import SamplingParams
 
 from conftest import PROMPTS
 

@@ -8,11 +8,12 @@ rounding tie fails.
 """
 import pytest
 
-from minillm.engine import LLMEngine
+from minillm.engine.engine import LLMEngine
 from minillm.kv.block_manager import cdiv
 from minillm.models.reference import compare_greedy, reference_greedy
-from minillm.naive import generate_naive
-from minillm.sampling import SamplingParams, sample_seed
+from minillm.baselines.naive_generation import generate_naive
+from minillm.sample.sampler import sample_seed
+from minillm.sampling_params import SamplingParams
 
 from conftest import PROMPTS, get_model
 

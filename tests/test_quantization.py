@@ -14,9 +14,9 @@ from torch import nn
 
 from minillm import LLM, SamplingParams
 from minillm.config import EngineConfig
-from minillm.engine import LLMEngine
+from minillm.engine.engine import LLMEngine
 from minillm.models import load_model
-from minillm.naive import next_token_logits_naive
+from minillm.baselines.naive_generation import next_token_logits_naive
 from minillm.quant import (LINEAR_BACKENDS, Int4Linear, Int8Linear, kernels, quantization_names,
                            quantize_model, register_linear_backend)
 from minillm.quant.quality import float_copy

@@ -5,8 +5,9 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from minillm.sampling import SamplingParams, apply_top_k, apply_top_p, make_generator, sample
-from minillm.stopping import StopChecker
+from minillm.sample.sampler import apply_top_k, apply_top_p, make_generator, sample
+from minillm.sampling_params import SamplingParams
+from minillm.text.stopping import StopChecker
 
 
 @pytest.mark.parametrize("kwargs, field", [

@@ -5,9 +5,9 @@ import itertools
 
 from minillm.config import SchedulerConfig
 from minillm.kv.block_manager import BlockManager
-from minillm.sampling import SamplingParams
-from minillm.scheduler import Scheduler, seats
-from minillm.sequence import Sequence, Status
+from minillm.sampling_params import SamplingParams
+from minillm.engine.scheduler import Scheduler, seats
+from minillm.engine.sequence import Sequence, Status
 
 _ids = itertools.count()
 

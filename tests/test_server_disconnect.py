@@ -17,9 +17,9 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from minillm.engine import LLMEngine
+from minillm.engine.engine import LLMEngine
 from minillm.models import load_model
-from minillm.sampling import SamplingParams
+from minillm.sampling_params import SamplingParams
 from minillm.server.app import build_app
 from minillm.server.run import serve_in_thread, stop_server
 

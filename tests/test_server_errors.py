@@ -8,10 +8,10 @@ import httpx
 import openai
 import pytest
 
-import minillm.engine_step as engine_step
-from minillm.engine import LLMEngine
+import minillm.engine.step as engine_step
+from minillm.engine.engine import LLMEngine
 from minillm.models import load_model
-from minillm.sampling import SamplingParams
+from minillm.sampling_params import SamplingParams
 from minillm.server.app import build_app
 from minillm.server.run import serve_in_thread, stop_server
 

@@ -23,9 +23,9 @@ from minillm.attention import ATTENTION_BACKENDS, backend_names, make_backend  #
 from minillm.attention.paged import PagedStep, TorchPagedAttention, write_kv  # noqa: E402
 from minillm.attention.triton_backend import (TritonPagedAttention, interpreter_ready,  # noqa: E402
                                               kernels_interpreted)
-from minillm.engine import LLMEngine  # noqa: E402
+from minillm.engine.engine import LLMEngine  # noqa: E402
 from minillm.models import load_model  # noqa: E402
-from minillm.sampling import SamplingParams  # noqa: E402
+from minillm.sampling_params import SamplingParams  # noqa: E402
 
 from minillm.attention.triton_decode import num_splits_for, paged_decode  # noqa: E402
 

@@ -9,9 +9,9 @@ import torch
 
 from minillm import LLM, SamplingParams
 from minillm.config import EngineConfig
-from minillm.engine import LLMEngine
+from minillm.engine.engine import LLMEngine
 from minillm.models import load_model
-from minillm.sampling import MAX_SEED, MIN_TEMPERATURE, sample_seed
+from minillm.sample.sampler import MAX_SEED, MIN_TEMPERATURE, sample_seed
 
 from conftest import get_model
 

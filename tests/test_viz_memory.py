@@ -7,8 +7,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 from minillm.kv.block_manager import BlockManager  # noqa: E402
-from minillm.sampling import SamplingParams  # noqa: E402
-from minillm.sequence import Sequence  # noqa: E402
+from minillm.sampling_params import SamplingParams  # noqa: E402
+from minillm.engine.sequence import Sequence  # noqa: E402
 from minillm.viz.memory import CACHED, FREE, draw_engine, draw_block_manager, draw_memory  # noqa: E402
 
 
@@ -124,7 +124,7 @@ def test_block_manager_shows_freed_cached_prefix_blocks_gray():
 
 
 def test_draw_engine_names_the_samples_of_a_request():
-    from minillm.engine import LLMEngine
+    from minillm.engine.engine import LLMEngine
     from minillm.models import load_model
 
     model, tokenizer = load_model("tiny-llama", device="cpu")

@@ -8,9 +8,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.colors import to_rgba  # noqa: E402
 
-from minillm.engine import LLMEngine  # noqa: E402
+from minillm.engine.engine import LLMEngine  # noqa: E402
 from minillm.models import load_model  # noqa: E402
-from minillm.sampling import SamplingParams  # noqa: E402
+from minillm.sampling_params import SamplingParams  # noqa: E402
 from minillm.viz.scheduling import COLORS, Timeline, _runs, plot_timeline, record_run  # noqa: E402
 
 

@@ -12,9 +12,9 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.colors import to_rgba  # noqa: E402
 
-from minillm.engine import LLMEngine  # noqa: E402
+from minillm.engine.engine import LLMEngine  # noqa: E402
 from minillm.models import load_model  # noqa: E402
-from minillm.sampling import SamplingParams  # noqa: E402
+from minillm.sampling_params import SamplingParams  # noqa: E402
 from minillm.viz.block_stepper import BlockStepper, record_blocks  # noqa: E402
 from minillm.viz.sampling_playground import KEPT, SamplingPlayground  # noqa: E402
 from minillm.viz.scheduler_player import SchedulerPlayer  # noqa: E402
@@ -199,7 +199,7 @@ def test_widgets_refuse_empty_recordings():
 
 
 def test_playground_logits_come_from_the_model(tiny):
-    from minillm.naive import next_token_logits_naive
+    from minillm.baselines.naive_generation import next_token_logits_naive
 
     model, tokenizer = tiny
     pg = SamplingPlayground(model, tokenizer, [5, 6, 7])

@@ -11,7 +11,7 @@ Prefill chunks still go through the reference (gather + SDPA): there the work is
 matmul-shaped and SDPA's blocked kernel beats a per-query loop.
 
 The C file is compiled once with the system C compiler (`cc`, or $CC) into the
-minillm cache and loaded with ctypes (`minillm/native.py`). No compiler, or not float32 on CPU: the
+minillm cache and loaded with ctypes (`minillm/utils/c_kernels.py`). No compiler, or not float32 on CPU: the
 engine uses the torch reference, which gives the same tokens.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from ..native import build
+from ..utils.c_kernels import build
 from .paged import TorchPagedAttention
 
 SOURCE = Path(__file__).with_name("paged_attention.c")

@@ -16,6 +16,8 @@ import time
 
 import torch
 
+from ..utils import cdiv
+
 
 class FakeSequence:
     """Just what the runner reads of a sequence in the middle of its decode."""
@@ -42,15 +44,15 @@ def interleaved_ms(fns: dict, repeats: int) -> dict:
 
 
 def main(args) -> dict:
-    from ..compiled_decode import compile_decode_step
-    from ..engine import LLMEngine
+    from ..runner.compiled_decode import compile_decode_step
+    from ..engine.engine import LLMEngine
     from ..models import load_model
-    from ..static_decode import StaticDecodeStep
+    from ..runner.fixed_shape_decode import StaticDecodeStep
 
     torch.set_num_threads(args.threads or torch.get_num_threads())
     model, tokenizer = load_model(args.model, device="cpu")
     batches, bs = args.batch, 16
-    blocks_per_seq = -(-(args.context + 1) // bs)
+    blocks_per_seq = cdiv(args.context + 1, bs)
     engine = LLMEngine(model, tokenizer, block_size=bs, num_kv_blocks=max(batches) * blocks_per_seq + 1,
                        max_num_seqs=max(batches), max_model_len=args.context + 64)
     step = StaticDecodeStep(model, engine.kv_cache, max(batches), engine.max_model_len)

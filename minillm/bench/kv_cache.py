@@ -9,10 +9,10 @@ import time
 
 import torch
 
-from ..static_batch import generate_with_cache
+from ..baselines.static_batching import generate_with_cache
 from ..models import load_model
-from ..naive import generate_naive
-from ..sampling import SamplingParams
+from ..baselines.naive_generation import generate_naive
+from ..sampling_params import SamplingParams
 
 
 def main(args) -> dict:

@@ -35,10 +35,10 @@ import time
 
 import torch
 
-from ..engine import LLMEngine
+from ..engine.engine import LLMEngine
 from ..models import load_model
 from ..models.embedded import EMBEDDED_NAME, GGUF_FILE, find_gguf
-from ..sampling import SamplingParams
+from ..sampling_params import SamplingParams
 from .ceiling import read_bandwidth_bytes_per_second
 from .throughput import background_load, make_workload
 

@@ -24,6 +24,8 @@ import time
 
 import torch
 
+from ..utils import cdiv
+
 from .ceiling import layer_matmul_params, matmul_flops_per_second, read_bandwidth_bytes_per_second
 from .decode_step import FakeSequence
 
@@ -74,9 +76,9 @@ def available_backends(device: torch.device, dtype: torch.dtype) -> list[str]:
 def time_decode_step(model, tokenizer, backend: str, batch_size: int, context_len: int, repeats: int) -> float:
     """Median seconds of the engine runner's decode step (forward + logits) for `batch_size`
     sequences of `context_len` cached tokens (the KV values do not change the work)."""
-    from ..engine import LLMEngine
+    from ..engine.engine import LLMEngine
     block_size = 16
-    blocks_per_seq = -(-(context_len + 1) // block_size)
+    blocks_per_seq = cdiv(context_len + 1, block_size)
     engine = LLMEngine(model, tokenizer, attention_backend=backend, block_size=block_size,
                        num_kv_blocks=batch_size * blocks_per_seq + 1, max_num_seqs=batch_size,
                        max_model_len=context_len + block_size, enable_prefix_caching=False)

@@ -21,11 +21,11 @@ import time
 
 import torch
 
-from ..engine import LLMEngine
+from ..engine.engine import LLMEngine
 from .ceiling import matmul_flops_per_second, workload_flops
 from ..models import load_model
 from ..models.reference import transformers_twin
-from ..sampling import SamplingParams
+from ..sampling_params import SamplingParams
 
 
 def make_workload(num_prompts: int, seed: int, vocab_size: int, prompt_range=(32, 512),

@@ -12,10 +12,10 @@ went wrong and where to look.
 | lesson | grader                 | your piece has the signature of                          |
 |--------|------------------------|----------------------------------------------------------|
 | 00     | check_rope             | minillm.models.llama.apply_rope                          |
-| 01     | check_top_k            | minillm.sampling.apply_top_k                             |
-| 01     | check_top_p            | minillm.sampling.apply_top_p                             |
-| 01     | check_sampler          | minillm.sampling.sample                                  |
-| 01     | check_generate_naive   | minillm.naive.generate_naive                             |
+| 01     | check_top_k            | minillm.sample.sampler.apply_top_k                             |
+| 01     | check_top_p            | minillm.sample.sampler.apply_top_p                             |
+| 01     | check_sampler          | minillm.sample.sampler.sample                                  |
+| 01     | check_generate_naive   | minillm.baselines.naive_generation.generate_naive                             |
 | 02     | check_contiguous_cache | minillm.kv.contiguous.ContiguousKVCache                  |
 | 03     | check_block_allocator  | minillm.kv.block_allocator.BlockAllocator                |
 | 03     | check_slot_mapping     | minillm.attention.paged.slot_mapping                     |
@@ -25,7 +25,7 @@ went wrong and where to look.
 | 05     | check_scheduler        | a Scheduler subclass overriding schedule                 |
 | 06     | check_preemption       | a Scheduler subclass overriding pick_victim / _preempt   |
 | 06     | check_swap             | a BlockManager subclass overriding swap_out / swap_in    |
-| 07     | check_detokenizer      | minillm.detokenizer.IncrementalDetokenizer               |
+| 07     | check_detokenizer      | minillm.text.detokenizer.IncrementalDetokenizer               |
 | 07     | check_request_stream   | minillm.server.async_engine.RequestStream                |
 | 08     | check_paged_decode_kernel | minillm.attention.triton_decode.paged_decode_kernel   |
 | 09     | check_int8_quantizer   | minillm.quant.reference.quantize_int8, dequantize_int8   |

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 
-from ..sampling import SamplingParams
+from ..sampling_params import SamplingParams
 from .harness import Grader, expect, greedy_tie, tiny_model
 
 
@@ -24,7 +24,7 @@ _request_ids = itertools.count()
 
 
 def make_engine(g, label: str, **kwargs):
-    from ..engine import LLMEngine
+    from ..engine.engine import LLMEngine
     model, tokenizer = tiny_model()
     with g.case(f"constructing LLMEngine({label})"):
         return LLMEngine(model, tokenizer, **kwargs)
@@ -109,7 +109,7 @@ class Seqs:
         self.ids = itertools.count()
 
     def new(self, prompt, max_tokens: int = 16, priority: int = 0, arrival: float | None = None, output=()):
-        from ..sequence import Sequence
+        from ..engine.sequence import Sequence
         i = next(self.ids)
         return Sequence(i, f"r{i}", list(prompt), SamplingParams(temperature=0, max_tokens=max_tokens),
                         output_token_ids=list(output), priority=priority,

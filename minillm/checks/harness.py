@@ -63,20 +63,20 @@ def grader(fn):
 # grader -> the reference piece it compares yours with ("module:attribute")
 REFERENCES = {
     "check_rope": "minillm.models.llama:apply_rope",
-    "check_top_k": "minillm.sampling:apply_top_k",
-    "check_top_p": "minillm.sampling:apply_top_p",
-    "check_sampler": "minillm.sampling:sample",
-    "check_generate_naive": "minillm.naive:generate_naive",
+    "check_top_k": "minillm.sample.sampler:apply_top_k",
+    "check_top_p": "minillm.sample.sampler:apply_top_p",
+    "check_sampler": "minillm.sample.sampler:sample",
+    "check_generate_naive": "minillm.baselines.naive_generation:generate_naive",
     "check_contiguous_cache": "minillm.kv.contiguous:ContiguousKVCache",
     "check_block_allocator": "minillm.kv.block_allocator:BlockAllocator",
     "check_slot_mapping": "minillm.attention.paged:slot_mapping",
     "check_block_hash": "minillm.kv.prefix_cache:block_hash",
     "check_prefix_cache": "minillm.kv.prefix_cache:PrefixCache",
     "check_copy_on_write": "minillm.kv.block_manager:BlockManager",
-    "check_scheduler": "minillm.scheduler:Scheduler",
-    "check_preemption": "minillm.scheduler:Scheduler",
+    "check_scheduler": "minillm.engine.scheduler:Scheduler",
+    "check_preemption": "minillm.engine.scheduler:Scheduler",
     "check_swap": "minillm.kv.block_manager:BlockManager",
-    "check_detokenizer": "minillm.detokenizer:IncrementalDetokenizer",
+    "check_detokenizer": "minillm.text.detokenizer:IncrementalDetokenizer",
     "check_request_stream": "minillm.server.async_engine:RequestStream",
     "check_paged_decode_kernel": "minillm.attention.triton_decode:paged_decode_kernel",
     "check_int8_quantizer": "minillm.quant.reference:quantize_int8",
@@ -164,7 +164,7 @@ def greedy_tie(model, prompt_ids: list[int], ours: list[int], reference: list[in
     """True when the first differing greedy token is a float-rounding tie: both tokens'
     logits lie within 1e-3 of the largest one (the course's rule: "Correctness contract",
     in the README's Tests section)."""
-    from ..naive import next_token_logits_naive
+    from ..baselines.naive_generation import next_token_logits_naive
     i = next((j for j, (a, b) in enumerate(zip(ours, reference)) if a != b), None)
     if i is None:
         return False

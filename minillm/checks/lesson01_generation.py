@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ..sampling import SamplingParams
+from ..sampling_params import SamplingParams
 from .harness import Grader, expect, greedy_tie, tiny_model, grader
 
 
@@ -67,7 +67,7 @@ def check_generate_naive(fn) -> bool:
     seeded sampling reproduces the reference's tokens, and on_token(step, token_id)
     is called once per token.
     """
-    from ..naive import generate_naive
+    from ..baselines.naive_generation import generate_naive
 
     g = Grader("check_generate_naive", "generate_naive")
     model, tokenizer = tiny_model()

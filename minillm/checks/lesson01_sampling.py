@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import sampling as ref_sampling
-from ..sampling import SamplingParams
+from ..sample import sampler as ref_sampling
+from ..sampling_params import SamplingParams
 from .harness import Grader, expect, expect_tensor, expect_unchanged, fmt, grader
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..sampling import SamplingParams
+from ..sampling_params import SamplingParams
 from .harness import Grader, expect, expect_tensor, greedy_tie, tiny_model, grader
 
 
@@ -84,7 +84,7 @@ def check_contiguous_cache(cls) -> bool:
     tiny-llama with 3 prompts of different lengths gives the reference's greedy tokens.
     """
     from ..kv.contiguous import ContiguousKVCache
-    from ..static_batch import generate_static_batch
+    from ..baselines.static_batching import generate_static_batch
 
     g = Grader("check_contiguous_cache", "your cache class")
     L, B, M, Hkv, D, H = 2, 3, 8, 2, 4, 4

@@ -5,7 +5,7 @@ the engine, where siblings writing into a shared block would see each other's to
 """
 from __future__ import annotations
 
-from ..sampling import SamplingParams
+from ..sampling_params import SamplingParams
 from .engine_runs import Seqs, compare_runs, compute, drive, expect_no_leak, make_engine, reference_run
 from .harness import Grader, expect, grader
 

@@ -49,7 +49,7 @@ def _simulate(g, cls, sc: _Scenario, max_steps: int, verify: bool = True) -> int
     timing the reference). Returns the steps it took."""
     from ..config import SchedulerConfig
     from ..kv.block_manager import BlockManager
-    from ..sequence import Status
+    from ..engine.sequence import Status
 
     bm = BlockManager(sc.num_blocks, sc.block_size)
     config = SchedulerConfig(max_num_seqs=sc.max_num_seqs, max_num_batched_tokens=sc.budget,
@@ -174,7 +174,7 @@ def check_scheduler(cls) -> bool:
     request finishes within a bound. Then the engine with `scheduler_cls=cls` on a
     small pool, with and without chunked prefill, gives the reference's greedy tokens.
     """
-    from ..scheduler import Scheduler
+    from ..engine.scheduler import Scheduler
 
     g = Grader("check_scheduler", "your schedule()")
     for sc in _SCENARIOS:

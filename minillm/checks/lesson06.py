@@ -6,7 +6,7 @@ exactly where it was.
 """
 from __future__ import annotations
 
-from ..sampling import SamplingParams
+from ..sampling_params import SamplingParams
 from .engine_runs import (AMPLE_POOL, GREEDY, PROMPTS, SMALL_POOL, Seqs, compare_runs, compute, drive,
                           expect_no_leak, make_engine, reference_run)
 from .harness import Grader, expect, grader
@@ -19,7 +19,7 @@ def _running_scheduler(g, cls, policy, mode, specs, num_cpu_blocks=0, num_blocks
     already computed, sorted by rank as schedule() leaves it."""
     from ..config import SchedulerConfig
     from ..kv.block_manager import BlockManager
-    from ..sequence import Status
+    from ..engine.sequence import Status
 
     bm = BlockManager(num_blocks, 4, num_cpu_blocks=num_cpu_blocks)
     config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, enable_chunked_prefill=False,
@@ -52,8 +52,8 @@ def check_preemption(cls) -> bool:
     engine with `scheduler_cls=cls` on a pool that forces preemption, in both modes,
     gives greedy tokens identical to a run that never preempts.
     """
-    from ..scheduler import SchedulerOutput
-    from ..sequence import Status
+    from ..engine.scheduler import SchedulerOutput
+    from ..engine.sequence import Status
 
     g = Grader("check_preemption", "your preemption")
 

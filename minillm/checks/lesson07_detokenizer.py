@@ -112,8 +112,8 @@ def _settled(g, cls, tok) -> None:
 
 
 def _checker_run(tok, detok, text, stop):
-    from ..sampling import SamplingParams
-    from ..stopping import StopChecker
+    from ..sampling_params import SamplingParams
+    from ..text.stopping import StopChecker
     ids = tok.encode(text)
     checker = StopChecker(SamplingParams(stop=stop, max_tokens=len(ids)), tok, tok.eos_token_ids)
     if detok is not None:

@@ -223,8 +223,8 @@ async def _drain(stream):
 def _in_the_server(g, cls) -> None:
     import httpx
 
-    from ..engine import LLMEngine
-    from ..sampling import SamplingParams
+    from ..engine.engine import LLMEngine
+    from ..sampling_params import SamplingParams
     from ..server.app import build_app
     from ..server.run import serve_in_thread, stop_server
 

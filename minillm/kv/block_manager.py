@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..utils import cdiv
 from .block_allocator import BlockAllocator
 from .prefix_cache import PrefixCache, block_hash
 
@@ -25,9 +26,6 @@ class BlockOps:
     swap_in: list[tuple[int, int]] = field(default_factory=list)    # CPU -> device
     copies: list[tuple[int, int]] = field(default_factory=list)     # device -> device (copy-on-write)
 
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class BlockManager:

@@ -4,7 +4,7 @@ Prefill runs the prompt once and stores every layer's K and V; each decode step
 then feeds only the newest token, which attends to the stored K/V. The price is
 memory: each request reserves `max_len` slots up front, whether it uses them or
 not. `waste()` measures that, and lesson 03 (paging) removes it. The generation loop
-that drives this cache (static batching) is in `minillm/static_batch.py`.
+that drives this cache (static batching) is in `minillm/baselines/static_batching.py`.
 
 Layout: per layer, k and v of shape [max_batch, max_len, kv_heads, head_dim]; a
 request owns one row. In one step, every participating row adds the same number

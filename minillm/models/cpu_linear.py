@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..native import build
+from ..utils.c_kernels import build
 
 SOURCE = Path(__file__).with_name("small_batch_linear.c")
 PANEL = 32          # output columns per panel: P in the C file

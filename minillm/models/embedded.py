@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..paths import cache_dir
+from ..utils.paths import cache_dir
 
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"

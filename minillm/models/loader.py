@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..config import ModelConfig
-from ..tokenizer import Tokenizer
+from ..text.tokenizer import Tokenizer
 from .cpu_linear import use_panel_linears
 from .embedded import EMBEDDED_NAME, GGUF_WHEEL, HUB_ID, embedded_checkpoint_dir
 from .llama import LlamaForCausalLM

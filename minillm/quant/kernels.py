@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from ..native import build
+from ..utils.c_kernels import build
 
 SOURCE = Path(__file__).with_name("quantized_linear.c")
 PANEL = 32          # output columns per panel: P in the C file

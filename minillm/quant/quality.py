@@ -42,8 +42,8 @@ import torch
 import torch.nn.functional as F
 
 from ..attention import NoCache
-from ..naive import generate_naive
-from ..sampling import SamplingParams
+from ..baselines.naive_generation import generate_naive
+from ..sampling_params import SamplingParams
 from .swap import quantize_model
 
 TEXT = (Path(__file__).with_name("quality_text.txt")).read_text()

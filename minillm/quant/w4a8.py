@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..native import build
+from ..utils.c_kernels import build
 from . import kernels
 from .int4 import Int4Linear
 from .reference import ACTIVATION_BLOCK, fake_quantize_activations

@@ -57,7 +57,7 @@ def main(args) -> int:
     import torch
 
     from ..config import EngineConfig
-    from ..engine import LLMEngine
+    from ..engine.engine import LLMEngine
     from ..models import load_model
     from ..models.loader import DEFAULT_MODEL
     from .app import build_app

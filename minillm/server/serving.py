@@ -19,7 +19,7 @@ import contextlib
 import uuid
 
 from ..outputs import RequestOutput
-from ..sampling import SamplingParams
+from ..sampling_params import SamplingParams
 from .async_engine import AsyncEngine, QueueFull, RequestStream
 from .errors import APIError, bad_request
 from .metrics import Metrics

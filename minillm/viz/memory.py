@@ -21,6 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch, Rectangle
 
+from ..utils import cdiv
+
 FREE = "#ffffff"       # never used, or freed and forgotten
 CACHED = "#c8c8c8"     # free, but still holds a cached prefix that a new request can reclaim
 EDGE = "#555555"
@@ -98,7 +100,7 @@ def draw_pool(ax, num_blocks: int, tables: Mapping[str, Sequence[int]], ref_coun
         if refs > 1:
             ax.text(x + 0.5, y + 0.3, f"×{refs}", ha="center", va="center", fontsize=8, fontweight="bold",
                     bbox=_LABEL_BOX)
-    rows = -(-num_blocks // cols)
+    rows = cdiv(num_blocks, cols)
     ax.set_xlim(-0.1, min(num_blocks, cols) + 0.1)
     ax.set_ylim(-rows + 0.9, 1.0)
     ax.set_aspect("equal")
@@ -118,7 +120,7 @@ def draw_memory(tables: Mapping[str, Sequence[int]], num_blocks: int, *, seq_len
     cached = list(cached)
     colors = colors or owner_colors(tables)
     width = max((len(t) for t in tables.values()), default=1)
-    pool_cols, pool_rows = min(num_blocks, cols), -(-num_blocks // cols)
+    pool_cols, pool_rows = min(num_blocks, cols), cdiv(num_blocks, cols)
     cell = min(0.45, 14 / (max(width, 4) + pool_cols))             # inches per block; the figure stays <= 16 in wide
     fig_w, fig_h = 2 + cell * (max(width, 4) + pool_cols), 1.9 + cell * max(len(tables), pool_rows)
     fig, (left, right) = plt.subplots(1, 2, figsize=(fig_w, fig_h),

@@ -4,9 +4,9 @@ model's next-token distribution for one prompt; the tokens a draw can still pick
     from minillm.viz.sampling_playground import SamplingPlayground
     SamplingPlayground(model, tokenizer, prompt_ids)
 
-The model runs once (`minillm.naive.next_token_logits_naive`); each slider move only redoes what the
+The model runs once (`minillm.baselines.naive_generation.next_token_logits_naive`); each slider move only redoes what the
 sampler does to those logits: divide by the temperature, `apply_top_k`, `apply_top_p`
-(`minillm.sampling`, the reference of the lesson's exercise 1). Bars are the `show` most likely tokens'
+(`minillm.sample.sampler`, the reference of the lesson's exercise 1). Bars are the `show` most likely tokens'
 probabilities at this temperature, blue if kept, gray if cut; a black tick marks a kept token's
 probability after the cut (the kept ones, renormalized: what the draw really uses).
 top_k = 0 and top_p = 1.0 switch that filter off, as in `SamplingParams`.
@@ -17,9 +17,9 @@ import ipywidgets as widgets
 import torch
 from matplotlib.figure import Figure
 
-from minillm.naive import next_token_logits_naive
-from minillm.sampling import apply_top_k, apply_top_p
-from minillm.tokenizer import prompt_to_ids
+from minillm.baselines.naive_generation import next_token_logits_naive
+from minillm.sample.sampler import apply_top_k, apply_top_p
+from minillm.text.tokenizer import prompt_to_ids
 from minillm.viz.widgets import PictureWidget
 
 KEPT, CUT = "tab:blue", "#d0d0d0"

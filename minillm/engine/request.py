@@ -8,11 +8,11 @@ fit the engine's limits.
 """
 from __future__ import annotations
 
-from .outputs import RequestMetrics
-from .sampling import SamplingParams
+from ..outputs import RequestMetrics
+from ..sampling_params import SamplingParams
 from .sequence import Sequence
-from .tokenizer import prompt_to_ids
-from .validate import is_int
+from ..text.tokenizer import prompt_to_ids
+from ..utils.validate import is_int
 
 
 class Request:

@@ -18,10 +18,10 @@ import time
 
 import torch
 
-from .logprobs import token_logprobs
-from .outputs import CompletionOutput, RequestOutput
+from ..sample.logprobs import token_logprobs
+from ..outputs import CompletionOutput, RequestOutput
 from .request import Request
-from .sampling import sample
+from ..sample.sampler import sample
 from .scheduler import SchedulerOutput
 from .sequence import Sequence, Status
 

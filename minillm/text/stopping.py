@@ -16,7 +16,7 @@ stop string.
 from __future__ import annotations
 
 from .detokenizer import IncrementalDetokenizer
-from .sampling import SamplingParams
+from ..sampling_params import SamplingParams
 
 
 class StopChecker:

@@ -5,7 +5,7 @@ pins down the few calls the engine makes, so no transformers API leaks upward.
 """
 from __future__ import annotations
 
-from .validate import is_int
+from ..utils.validate import is_int
 
 
 class Tokenizer:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from .kv.contiguous import ContiguousKVCache
-from .outputs import CompletionOutput
-from .sampling import SamplingParams, make_generator, sample
-from .stopping import StopChecker
-from .tokenizer import prompt_to_ids
+from ..kv.contiguous import ContiguousKVCache
+from ..outputs import CompletionOutput
+from ..sample.sampler import make_generator, sample
+from ..sampling_params import SamplingParams
+from ..text.stopping import StopChecker
+from ..text.tokenizer import prompt_to_ids
 
 
 @torch.inference_mode()

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import torch
 
-from .attention import NoCache
-from .outputs import CompletionOutput
-from .sampling import SamplingParams, make_generator, sample
-from .stopping import StopChecker
-from .tokenizer import prompt_to_ids
+from ..attention import NoCache
+from ..outputs import CompletionOutput
+from ..sample.sampler import make_generator, sample
+from ..sampling_params import SamplingParams
+from ..text.stopping import StopChecker
+from ..text.tokenizer import prompt_to_ids
 
 
 @torch.inference_mode()

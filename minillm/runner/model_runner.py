@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import torch
 
-from .attention.paged import PagedStep
+from ..attention.paged import PagedStep
 from .compiled_decode import CompiledDecodeStep
 from .cuda_graphs import CUDAGraphDecode, capture_safe
-from .kv.paged_cache import PagedKVCache
-from .static_decode import StaticDecodeStep
+from ..kv.paged_cache import PagedKVCache
+from .fixed_shape_decode import StaticDecodeStep
 
 
 class ModelRunner:

@@ -51,8 +51,8 @@ import warnings
 
 import torch
 
-from .paths import cache_dir
-from .static_decode import StaticDecodeStep
+from ..utils.paths import cache_dir
+from .fixed_shape_decode import StaticDecodeStep
 
 
 def use_minillm_inductor_cache() -> None:

@@ -19,8 +19,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from .config import SchedulerConfig
-from .kv.block_manager import BlockManager
+from ..config import SchedulerConfig
+from ..kv.block_manager import BlockManager
 from .sequence import Sequence, Status
 
 

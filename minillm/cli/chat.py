@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import sys
 
-from .config import DTYPES
-from .quant import quantization_names
-from .sampling import SamplingParams
+from ..config import DTYPES
+from ..quant import quantization_names
+from ..sampling_params import SamplingParams
 
 
 def stream_engine(engine, request_id: str, prompt, params: SamplingParams, out=sys.stdout):
@@ -40,8 +40,8 @@ def params_from(args) -> SamplingParams:
 
 
 def make_engine(args):
-    from .engine import LLMEngine
-    from .models import load_model
+    from ..engine.engine import LLMEngine
+    from ..models import load_model
     model, tokenizer = load_model(args.model, device=args.device, dtype=getattr(args, "dtype", "auto"))
     return LLMEngine(model, tokenizer, compile=getattr(args, "compile", False),
                      quantization=getattr(args, "quantization", None)), tokenizer

@@ -29,10 +29,12 @@ import bisect
 
 import torch
 
-from .attention.core import causal_mask, masked_attention
-from .attention.cpu_paged import CPUPagedAttention, load_kernel, run_kernel
-from .attention.paged import PagedStep, write_kv
-from .kv.paged_cache import PagedKVCache
+from ..utils import cdiv
+
+from ..attention.core import causal_mask, masked_attention
+from ..attention.cpu_paged import CPUPagedAttention, load_kernel, run_kernel
+from ..attention.paged import PagedStep, write_kv
+from ..kv.paged_cache import PagedKVCache
 
 
 def bucket_sizes(max_num_seqs: int) -> list[int]:
@@ -120,7 +122,7 @@ class StaticDecodeStep:
         self.buckets = bucket_sizes(max_num_seqs)
         self.k, self.v = reserve_scratch_block(kv_cache)
         self.scratch_block = self.k[0].shape[0] - 1
-        self.width = -(-max_model_len // self.block_size)
+        self.width = cdiv(max_model_len, self.block_size)
         B, device = self.buckets[-1], kv_cache.device
         longs = dict(dtype=torch.long, device=device)
         self.input_ids = torch.zeros(B, **longs)

@@ -19,22 +19,23 @@ import time
 
 import torch
 
-from .attention import make_backend
-from .config import EngineConfig
-from .engine_step import EngineStep
-from .kv.block_allocator import BlockAllocator
-from .kv.block_manager import BlockManager, cdiv
-from .kv.paged_cache import PagedKVCache
-from .kv.prefix_cache import PrefixCache
-from .models.loader import place_model
-from .outputs import RequestOutput
-from .quant import quantize_model
+from ..attention import make_backend
+from ..config import EngineConfig
+from .step import EngineStep
+from ..kv.block_allocator import BlockAllocator
+from ..kv.block_manager import BlockManager, cdiv
+from ..kv.paged_cache import PagedKVCache
+from ..kv.prefix_cache import PrefixCache
+from ..models.loader import place_model
+from ..outputs import RequestOutput
+from ..quant import quantize_model
 from .request import Request, check_request
-from .runner import ModelRunner
-from .sampling import SamplingParams, make_generator
+from ..runner.model_runner import ModelRunner
+from ..sample.sampler import make_generator
+from ..sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence
-from .stopping import StopChecker
+from ..text.stopping import StopChecker
 
 MAX_IDLE_STEPS = 100     # generate(): steps in a row that schedule nothing before it calls it a deadlock
 

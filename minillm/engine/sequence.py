@@ -9,8 +9,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from .sampling import SamplingParams
-from .stopping import StopChecker
+from ..sampling_params import SamplingParams
+from ..text.stopping import StopChecker
 
 
 class Status(enum.Enum):

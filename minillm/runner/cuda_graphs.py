@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from .static_decode import StaticDecodeStep
+from .fixed_shape_decode import StaticDecodeStep
 
 
 def capture_safe(backend) -> bool:

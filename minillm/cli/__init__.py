@@ -1,0 +1,1 @@
+"""The command line: `python -m minillm generate | chat | serve | bench`."""

@@ -1,0 +1,8 @@
+"""Lessons 05-06: the engine. Requests in, one scheduled step at a time, outputs out.
+
+    engine.py            LLMEngine: add_request / step / abort_request / generate / stats
+    step.py              one step's stages, each behind per-request fault isolation
+    scheduler.py         who runs this step: token budget, preemption, priorities, seats
+    request.py           a request and the checks it passes at the door
+    sequence.py          one sequence being generated (plain data)
+"""

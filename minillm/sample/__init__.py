@@ -1,0 +1,5 @@
+"""Lesson 01: from a batch of logits to one token per row.
+
+    sampler.py     greedy, temperature, top-k, top-p, seeded generators per sequence
+    logprobs.py    the sampled token's log-probability and the top k
+"""

@@ -1,0 +1,59 @@
+"""SamplingParams: how to pick each token, with vLLM's names (lesson 01, the engine, the server).
+
+Checked strictly on construction and whenever a field is assigned, so a bad value is
+refused at the door, before it can reach a step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .sample.logprobs import MAX_LOGPROBS
+from .utils.validate import Validated, check_bool, check_int, check_number, fail, is_int
+
+
+MIN_TEMPERATURE = 1e-2     # vLLM's floor: 0 < T < 0.01 is raised to 0.01 (below it logits / T overflow)
+MAX_SEED = 2**64 - 1       # torch generators take 64-bit seeds
+
+
+@dataclass
+class SamplingParams(Validated):
+    """How to pick each token (vLLM's names). Checked strictly on construction and again
+    whenever a field is assigned, so a bad value is refused before it reaches a step."""
+    n: int = 1                        # parallel samples per prompt (copy-on-write, lesson 04)
+    max_tokens: int = 16              # generated tokens at most
+    temperature: float = 1.0          # 0 means greedy
+    top_k: int = 0                    # keep the k most likely tokens; 0 or -1: all
+    top_p: float = 1.0                # keep the smallest set with this much probability
+    seed: int | None = None           # per-request seed in [0, 2**64): reproducible whatever the batch
+    stop: list[str] | str | None = None       # strings that end generation (not shown in text)
+    stop_token_ids: list[int] | None = None   # token ids that end generation
+    ignore_eos: bool = False          # keep going after EOS (benchmarks)
+    logprobs: int | None = None       # report the sampled token's logprob and the top k (minillm/sample/logprobs.py)
+
+    def validate(self) -> None:
+        name = "SamplingParams"
+        check_int(name, "n", self.n, minimum=1)
+        check_int(name, "max_tokens", self.max_tokens, minimum=1)
+        check_number(name, "temperature", self.temperature, "a number in [0, 100] (0 = greedy)",
+                     lambda t: 0 <= t <= 100)
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            object.__setattr__(self, "temperature", MIN_TEMPERATURE)
+        check_int(name, "top_k", self.top_k, minimum=-1)
+        check_number(name, "top_p", self.top_p, "a number in (0, 1]", lambda p: 0 < p <= 1)
+        check_int(name, "seed", self.seed, minimum=0, maximum=MAX_SEED, optional=True)
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop
+        if stops is None:
+            stops = []
+        if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) and s for s in stops):
+            fail(name, "stop", "a non-empty string or a list of non-empty strings", self.stop, TypeError)
+        object.__setattr__(self, "stop", list(stops))
+        ids = [] if self.stop_token_ids is None else self.stop_token_ids
+        if not isinstance(ids, (list, tuple)) or not all(is_int(t) and t >= 0 for t in ids):
+            fail(name, "stop_token_ids", "a list of non-negative integers", self.stop_token_ids, TypeError)
+        object.__setattr__(self, "stop_token_ids", list(ids))
+        check_bool(name, "ignore_eos", self.ignore_eos)
+        check_int(name, "logprobs", self.logprobs, minimum=0, maximum=MAX_LOGPROBS, optional=True)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
