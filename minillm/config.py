@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .attention import backend_names
-from .quant.registry import quantization_names
+from .utils.registry import ATTENTION_BACKENDS, LINEAR_BACKENDS
 from .utils.validate import Validated, check_bool, check_choice, check_int, fail
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -143,38 +142,45 @@ class SchedulerConfig(Validated):
         check_bool(name, "static_batching", self.static_batching)
 
 
+def option(default, help: str):
+    """A field of EngineConfig with the help text that `--help` shows (cli/engine_args.py)."""
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass
 class EngineConfig(Validated):
     """Engine options (vLLM's names), checked strictly on construction and on change.
 
-    `num_kv_blocks=None` sizes the pool from `kv_cache_memory_bytes` (default: 1 GiB on
-    CPU, 40 % of free memory on CUDA). `max_model_len=None` means the model's
-    `max_position_embeddings`, or what the pool holds if that is less; a `max_model_len`
-    that is asked for and cannot be held is refused, never lowered.
-    `max_num_batched_tokens=None`: 2048 with chunked prefill, else max(2048, max_model_len).
-    `device=None`: the model's own (`LLM` loads on CUDA when there is one). `dtype="auto"`: weights
-    minillm loads (`LLM("name")`, serve, generate) get bfloat16 on CUDA GPUs that have it, float16
-    on older ones, float32 on CPU; a model object passed in keeps its own dtype unless one is named.
-    `None` means "auto".
+    Every field is also a command-line flag of `serve`, `generate`, `chat` and the benches
+    (`--block-size`, ...), with the type, default and help written here (cli/engine_args.py).
     """
-    block_size: int = 16
-    num_kv_blocks: int | None = None
-    kv_cache_memory_bytes: int | None = None
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int | None = None
-    max_model_len: int | None = None
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
-    scheduling_policy: str = "fcfs"       # "fcfs" | "priority" (lower value first)
-    preemption_mode: str = "recompute"    # "recompute" | "swap"
-    swap_space: int | None = None         # CPU blocks for swapping; default: as many as the device pool
-    static_batching: bool = False         # lesson 05 baseline: admit a new batch only when the last is done
-    attention_backend: str = "auto"       # "auto" or a name in minillm.attention.ATTENTION_BACKENDS
-    device: str | None = None
-    dtype: str | None = "auto"            # "auto" | "float32" | "float16" | "bfloat16"
-    compile: bool = False                 # decode steps through torch.compile (compiled_decode.py)
-    enforce_eager: bool = False           # on CUDA: no CUDA graphs for decode steps (cuda_graphs.py)
-    quantization: str | None = None       # None (float weights) or a name in minillm.quant.LINEAR_BACKENDS
+    block_size: int = option(16, "tokens per KV block")
+    num_kv_blocks: int | None = option(
+        None, "KV blocks in the device pool (default: sized from kv_cache_memory_bytes)")
+    kv_cache_memory_bytes: int | None = option(
+        None, "bytes for the KV pool when num_kv_blocks is not set (default: 1 GiB on CPU, 40 percent of free "
+              "memory on CUDA)")
+    max_num_seqs: int = option(64, "sequences running at once at most (a request with n samples takes n)")
+    max_num_batched_tokens: int | None = option(
+        None, "tokens per step at most (default: 2048 with chunked prefill, else max(2048, max_model_len))")
+    max_model_len: int | None = option(
+        None, "longest prompt + output (default: the model's context, or what the pool holds if less; "
+              "asked for and impossible: refused, never lowered)")
+    enable_prefix_caching: bool = option(True, "reuse the KV blocks of prompt prefixes seen before")
+    enable_chunked_prefill: bool = option(True, "split long prompts over steps within the token budget")
+    scheduling_policy: str = option("fcfs", "fcfs: by arrival; priority: by (priority, arrival), lower first")
+    preemption_mode: str = option("recompute", "what a preempted sequence does with its KV: recompute or swap")
+    swap_space: int | None = option(None, "CPU blocks for swapping (default: as many as the device pool)")
+    static_batching: bool = option(False, "lesson 05 baseline: admit a new batch only when the last is done")
+    attention_backend: str = option("auto", "auto, or a registered attention backend (minillm.utils.registry)")
+    device: str | None = option(None, "cpu, cuda or cuda:N (default: the model's own; LLM loads on CUDA "
+                                      "when there is one)")
+    dtype: str | None = option("auto", "auto (bfloat16 or float16 on a GPU, float32 on CPU, for weights "
+                                       "minillm loads), float32, float16 or bfloat16")
+    compile: bool = option(False, "decode steps through torch.compile, one graph per batch-size bucket")
+    enforce_eager: bool = option(False, "on CUDA: no CUDA graphs for decode steps")
+    quantization: str | None = option(None, "weight-only linears: a registered linear backend (int8, int4, "
+                                            "w4a8) or none")
 
     def validate(self) -> None:
         name = "EngineConfig"
@@ -189,9 +195,9 @@ class EngineConfig(Validated):
         check_bool(name, "enforce_eager", self.enforce_eager)
         check_choice(name, "scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
         check_choice(name, "preemption_mode", self.preemption_mode, PREEMPTION_MODES)
-        check_choice(name, "attention_backend", self.attention_backend, backend_names())
+        check_choice(name, "attention_backend", self.attention_backend, ("auto", *ATTENTION_BACKENDS.names()))
         check_choice(name, "dtype", self.dtype, DTYPES, optional=True)
-        check_choice(name, "quantization", self.quantization, quantization_names(), optional=True)
+        check_choice(name, "quantization", self.quantization, sorted(LINEAR_BACKENDS.names()), optional=True)
         if self.device is not None:
             if not isinstance(self.device, str):
                 fail(name, "device", "'cpu', 'cuda', 'cuda:N' or None", self.device, TypeError)

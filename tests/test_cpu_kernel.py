@@ -124,4 +124,4 @@ def test_without_a_compiler_the_engine_falls_back_to_torch(tmp_path):
         "    print('refused:', e)\n")
     lines = run_without_a_compiler(script, tmp_path)
     assert lines[0] == "torch"
-    assert lines[1].startswith("refused: the CPU paged-attention kernel could not be built")
+    assert lines[1].startswith("refused:") and "the CPU paged-attention kernel could not be built" in lines[1]

@@ -11,7 +11,8 @@ from minillm import LLM, SamplingParams
 from minillm.config import EngineConfig
 from minillm.engine.engine import LLMEngine
 from minillm.models import load_model
-from minillm.sample.sampler import MAX_SEED, MIN_TEMPERATURE, sample_seed
+from minillm.sample.sampler import sample_seed
+from minillm.sampling_params import MAX_SEED, MIN_TEMPERATURE
 
 from conftest import get_model
 

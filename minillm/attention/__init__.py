@@ -1,8 +1,15 @@
-"""Attention backends: objects with `attend(layer_idx, q, k, v) -> out` that the model calls.
+"""Lessons 03 and 08: attention over the KV memory.
 
-The paged backends are registered here by name, once: `EngineConfig` validates
-`attention_backend` against this registry, and the engine builds the one it names.
-A new backend (a learner's, a GPU kernel) adds one line to `ATTENTION_BACKENDS`.
+    base.py            AttentionBackend: the seam a paged-attention backend implements
+    core.py            masked attention and the causal mask: the maths, once
+    no_cache.py        lesson 01's KV "cache": none
+    paged.py           PagedStep (a step's layout) and the torch reference backend
+    cpu_paged.py       decode by a C kernel reading blocks in place (CPU)
+    triton_*.py        Triton kernels: decode, prefill, KV write (GPU; CPU under the interpreter)
+
+The backends are registered by name in `minillm.utils.registry.ATTENTION_BACKENDS`:
+`EngineConfig` validates `attention_backend` there, and the engine builds the one it names.
+A new backend (a learner's, a GPU kernel) registers with `@ATTENTION_BACKENDS.register()`.
 """
 from __future__ import annotations
 
@@ -14,12 +21,13 @@ from .no_cache import NoCache
 from .paged import TorchPagedAttention
 from .triton_backend import TritonPagedAttention, interpreter_on     # imports triton only when built
 
-ATTENTION_BACKENDS = {cls.name: cls for cls in (TorchPagedAttention, CPUPagedAttention, TritonPagedAttention)}
+from ..utils.registry import ATTENTION_BACKENDS
+from .base import AttentionBackend
 
 
 def backend_names() -> tuple[str, ...]:
     """What `attention_backend` accepts: "auto" and every registered name."""
-    return ("auto", *ATTENTION_BACKENDS)
+    return ("auto", *ATTENTION_BACKENDS.names())
 
 
 def make_backend(name: str, device: torch.device, dtype: torch.dtype):
@@ -29,11 +37,8 @@ def make_backend(name: str, device: torch.device, dtype: torch.dtype):
     device = torch.device(device)
     if name == "auto":
         name = auto_backend(device, dtype)
-    if name not in ATTENTION_BACKENDS:
-        raise ValueError(f"attention_backend must be one of {backend_names()}, got {name!r}")
-    backend = ATTENTION_BACKENDS[name]
-    check = getattr(backend, "unusable_reason", None)
-    reason = check(device, dtype) if check else None
+    backend = ATTENTION_BACKENDS.get(name)        # a ValueError listing the known names
+    reason = backend.unusable_reason(device, dtype)
     if reason:
         raise RuntimeError(f"attention_backend={name!r} cannot run here: {reason}")
     return backend()
@@ -48,5 +53,5 @@ def auto_backend(device: torch.device, dtype: torch.dtype) -> str:
     return "cpu-kernel" if fast else "torch"
 
 
-__all__ = ["ATTENTION_BACKENDS", "CPUPagedAttention", "NoCache", "TorchPagedAttention", "TritonPagedAttention",
+__all__ = ["ATTENTION_BACKENDS", "AttentionBackend", "CPUPagedAttention", "NoCache", "TorchPagedAttention", "TritonPagedAttention",
            "auto_backend", "backend_names", "causal_mask", "make_backend", "masked_attention"]

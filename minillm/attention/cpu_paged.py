@@ -97,6 +97,25 @@ class CPUPagedAttention(TorchPagedAttention):
         return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in (q, k_cache, v_cache)) \
             and k_cache.is_contiguous() and v_cache.is_contiguous()
 
+    @classmethod
+    def unusable_reason(cls, device, dtype) -> str | None:
+        if load_kernel() is None:
+            return f"the CPU paged-attention kernel could not be built: {load_error}"
+        return None
+
+    def fixed_shape_decode(self, device, dtype):
+        """The kernel as a torch op while compiling (one graph node), called directly when eager
+        (the op's dispatch costs more than the call); float32 on CPU only."""
+        if device.type != "cpu" or dtype != torch.float32:
+            return None
+
+        def cpu_kernel_decode(q, k_cache, v_cache, step):
+            if torch.compiler.is_compiling():
+                return torch.ops.minillm.paged_decode_attention(q, k_cache, v_cache, step.block_tables,
+                                                                step.positions)
+            return run_kernel(self.kernel, q, k_cache, v_cache, step.block_tables, step.positions)
+        return cpu_kernel_decode
+
     def decode(self, q, k_cache, v_cache, block_tables, positions):
         if not self.kernel_reads(q, k_cache, v_cache):
             return super().decode(q, k_cache, v_cache, block_tables, positions)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .base import AttentionBackend, write_kv  # noqa: F401  (write_kv: the reference write, imported from here)
 from .core import causal_mask, masked_attention
 
 
@@ -62,14 +63,7 @@ def slot_mapping(block_table: list[int], positions: list[int], block_size: int) 
     return [block_table[p // block_size] * block_size + p % block_size for p in positions]
 
 
-def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             slots: torch.Tensor) -> None:
-    """Store new K/V [N, Hkv, D] into their slots of the [blocks, block_size, Hkv, D] caches."""
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k)
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v)
-
-
-class TorchPagedAttention:
+class TorchPagedAttention(AttentionBackend):
     """Reference backend: gather blocks -> padded keys -> masked attention.
 
     Decode tokens (one query per sequence) are batched together; each prefill chunk
@@ -90,7 +84,7 @@ class TorchPagedAttention:
         for b in range(len(starts) - 1):
             s, e = starts[b], starts[b + 1]
             if e - s > 1:
-                out[s:e] = self.attend(q[None, s:e], k_cache, v_cache, step.block_tables[b:b + 1],
+                out[s:e] = self.attend_gathered(q[None, s:e], k_cache, v_cache, step.block_tables[b:b + 1],
                                        step.positions[None, s:e])[0]
         return out
 
@@ -98,10 +92,10 @@ class TorchPagedAttention:
                block_tables: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """One query per sequence: q [B, H, D] at positions [B], sequence b's blocks in
         block_tables[b]. The seam a faster decode kernel replaces (cpu_paged.py)."""
-        return self.attend(q[:, None], k_cache, v_cache, block_tables, positions[:, None])[:, 0]
+        return self.attend_gathered(q[:, None], k_cache, v_cache, block_tables, positions[:, None])[:, 0]
 
     @staticmethod
-    def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    def attend_gathered(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                block_tables: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """q [B, T, H, D] at `positions` [B, T] attends to its sequence's blocks."""
         block_size = k_cache.shape[1]

@@ -20,6 +20,7 @@ import sys
 
 import torch
 
+from .base import AttentionBackend
 from .paged import PagedStep
 
 GPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -84,7 +85,7 @@ def unusable_reason(device: torch.device, dtype: torch.dtype) -> str | None:
     return None
 
 
-class TritonPagedAttention:
+class TritonPagedAttention(AttentionBackend):
     """Paged attention by Triton kernels; `write` stores the step's K/V, `forward` attends.
 
     capture_safe: a decode step launches with grids and splits fixed by shapes (batch,
@@ -93,7 +94,14 @@ class TritonPagedAttention:
 
     name = "triton"
     capture_safe = True
-    unusable_reason = staticmethod(unusable_reason)
+
+    @classmethod
+    def unusable_reason(cls, device: torch.device, dtype: torch.dtype) -> str | None:
+        return unusable_reason(device, dtype)
+
+    def fixed_shape_decode(self, device, dtype):
+        """Its own forward: grids fixed by shapes, no host sync (see capture_safe)."""
+        return self.forward
 
     def __init__(self, min_split_tokens: int | None = None):
         """min_split_tokens: the fewest context tokens one decode program handles (see

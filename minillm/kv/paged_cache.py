@@ -9,19 +9,23 @@ from __future__ import annotations
 
 import torch
 
-from ..attention.paged import PagedStep, TorchPagedAttention, write_kv
+from ..attention.base import AttentionBackend
+from ..attention.paged import PagedStep
 from .swap import SwapSpace
 
 
 class PagedKVCache:
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
-                 head_dim: int, dtype=torch.float32, device="cpu", backend=None):
+                 head_dim: int, dtype=torch.float32, device="cpu", backend: AttentionBackend | None = None):
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.block_size = block_size
         self.num_blocks = num_blocks
-        self.backend = backend or TorchPagedAttention()
+        if backend is None:
+            from ..attention.paged import TorchPagedAttention     # the reference, when none is named
+            backend = TorchPagedAttention()
+        self.backend = backend
         self.step: PagedStep | None = None
 
     @classmethod
@@ -43,8 +47,7 @@ class PagedKVCache:
         self.step = step
 
     def attend(self, layer_idx: int, q, k, v):
-        write = getattr(self.backend, "write", write_kv)       # a backend may bring its own (Triton)
-        write(self.k[layer_idx], self.v[layer_idx], k, v, self.step.slot_mapping)
+        self.backend.write(self.k[layer_idx], self.v[layer_idx], k, v, self.step.slot_mapping)
         return self.backend.forward(q, self.k[layer_idx], self.v[layer_idx], self.step)
 
     def enable_swap(self, num_cpu_blocks: int) -> None:

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import kernels
+from .base import LinearBackend
 from .reference import dequantize_int4, quantize_int4
-from .registry import register_linear_backend
 
 DEFAULT_GROUP_SIZE = 32
 GROUP_SIZES = (32, 64, 128, 256)
@@ -34,8 +34,7 @@ def unpack_codes(pairs: torch.Tensor) -> torch.Tensor:
     return torch.stack([pairs & 15, pairs >> 4], dim=-1).reshape(pairs.shape[0], -1)
 
 
-@register_linear_backend
-class Int4Linear(nn.Module):
+class Int4Linear(LinearBackend):
     name = "int4"
 
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor,

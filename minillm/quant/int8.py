@@ -17,12 +17,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import kernels
+from .base import LinearBackend
 from .reference import dequantize_int8, quantize_int8
-from .registry import register_linear_backend
 
 
-@register_linear_backend
-class Int8Linear(nn.Module):
+class Int8Linear(LinearBackend):
     name = "int8"
 
     def __init__(self, q_weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from .registry import LINEAR_BACKENDS, quantization_names
+from ..utils.registry import LINEAR_BACKENDS
 
 INCLUDE_HEAD_BY_DEFAULT = True
 HEAD_METHOD = "int8"
@@ -29,8 +29,7 @@ HEAD_METHOD = "int8"
 def quantize_model(model: nn.Module, method: str, *, include_head: bool | None = None, **options) -> nn.Module:
     """Replace the linears of `model` by `LINEAR_BACKENDS[method].from_linear(linear, **options)`.
     Sets `model.quantization` (the method) and `model.quantization_options`. Returns the model."""
-    if method not in LINEAR_BACKENDS:
-        raise ValueError(f"unknown quantization {method!r}; registered: {', '.join(quantization_names())}")
+    backend = LINEAR_BACKENDS.get(method)           # a ValueError listing the known names
     include_head = INCLUDE_HEAD_BY_DEFAULT if include_head is None else include_head
     wanted = dict(options, include_head=include_head)
     done = getattr(model, "quantization", None)
@@ -43,7 +42,6 @@ def quantize_model(model: nn.Module, method: str, *, include_head: bool | None =
                          "load the float model again")
     from ..models.cpu_linear import PanelLinear      # here, not at the top: config.py imports this package
     head = getattr(model, "lm_head", None)
-    backend = LINEAR_BACKENDS[method]
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) not in (nn.Linear, PanelLinear):
@@ -51,6 +49,6 @@ def quantize_model(model: nn.Module, method: str, *, include_head: bool | None =
             if child is not head:
                 setattr(parent, name, backend.from_linear(child, **options))
             elif include_head:               # the head: 8 bits whatever the layers get (module doc)
-                setattr(parent, name, LINEAR_BACKENDS[HEAD_METHOD].from_linear(child))
+                setattr(parent, name, LINEAR_BACKENDS.get(HEAD_METHOD).from_linear(child))
     model.quantization, model.quantization_options = method, wanted
     return model

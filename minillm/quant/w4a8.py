@@ -47,7 +47,6 @@ from ..utils.c_kernels import build
 from . import kernels
 from .int4 import Int4Linear
 from .reference import ACTIVATION_BLOCK, fake_quantize_activations
-from .registry import register_linear_backend
 
 SOURCE = Path(__file__).with_name("w4a8_linear.c")
 
@@ -107,7 +106,6 @@ def _(x, panels, scale_panels, minimum_panels, group_size):
     return x.new_empty(x.shape[0], panels.shape[0] * kernels.PANEL)
 
 
-@register_linear_backend
 class W4A8Linear(Int4Linear):
     name = "w4a8"
     load_c_kernel = staticmethod(load_w4a8_kernel)

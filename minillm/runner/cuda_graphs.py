@@ -25,8 +25,8 @@ from .fixed_shape_decode import StaticDecodeStep
 
 
 def capture_safe(backend) -> bool:
-    """Does this attention backend's decode run inside a CUDA graph capture?"""
-    return bool(getattr(backend, "capture_safe", False))
+    """Does this attention backend's decode run inside a CUDA graph capture? (it declares it)"""
+    return backend.capture_safe
 
 
 class CUDAGraphDecode:

@@ -16,8 +16,8 @@ slot -1 instead; our K/V write is a plain index_copy_, so it needs a real place 
 A padding row reads only its own scratch slot and its logits are dropped.
 
 Attention inside the step must have static shapes and no host sync:
-  - "cpu-kernel": the C kernel as the torch op `minillm::paged_decode_attention`;
-  - a backend with `capture_safe = True` (Triton): its own decode;
+  - a backend's own `fixed_shape_decode` when it has one: the C kernel as the torch op
+    `minillm::paged_decode_attention`, Triton's decode;
   - otherwise (the torch reference, whose decode slices to `int(positions.max())`, a host
     sync): a full-width form that gathers every column of the block table and masks,
     so its cost grows with max_model_len, not with the context actually used.
@@ -32,8 +32,7 @@ import torch
 from ..utils import cdiv
 
 from ..attention.core import causal_mask, masked_attention
-from ..attention.cpu_paged import CPUPagedAttention, load_kernel, run_kernel
-from ..attention.paged import PagedStep, write_kv
+from ..attention.paged import PagedStep
 from ..kv.paged_cache import PagedKVCache
 
 
@@ -73,21 +72,10 @@ def full_width_decode(q, k_cache, v_cache, step: PagedStep) -> torch.Tensor:
     return masked_attention(q[:, None], keys, values, causal_mask(step.positions[:, None], L))[:, 0]
 
 
-def cpu_kernel_decode(q, k_cache, v_cache, step: PagedStep) -> torch.Tensor:
-    """The C kernel: as a torch op while compiling (one graph node), called directly when
-    eager (the op's dispatch costs more than the call)."""
-    if torch.compiler.is_compiling():
-        return torch.ops.minillm.paged_decode_attention(q, k_cache, v_cache, step.block_tables, step.positions)
-    return run_kernel(load_kernel(), q, k_cache, v_cache, step.block_tables, step.positions)
-
-
-def static_attention(backend, device: torch.device, dtype: torch.dtype):
-    """attention(q, k_cache, v_cache, step) with static shapes and no host sync (see module doc)."""
-    if isinstance(backend, CPUPagedAttention) and device.type == "cpu" and dtype == torch.float32:
-        return cpu_kernel_decode
-    if getattr(backend, "capture_safe", False):
-        return backend.forward
-    return full_width_decode
+def fixed_shape_attention(backend, device: torch.device, dtype: torch.dtype):
+    """attention(q, k_cache, v_cache, step) with static shapes and no host sync: the backend's own
+    form when it has one (the C kernel, Triton), else the reference's full width (module doc)."""
+    return backend.fixed_shape_decode(device, dtype) or full_width_decode
 
 
 class DecodeKV:
@@ -95,7 +83,7 @@ class DecodeKV:
     the full pools (scratch block included), with the backend's own write if it has one,
     and attends with the static attention."""
 
-    def __init__(self, k_layers, v_layers, step: PagedStep, attention, write=write_kv):
+    def __init__(self, k_layers, v_layers, step: PagedStep, attention, write):
         self.k, self.v, self.step, self.attention, self.write = k_layers, v_layers, step, attention, write
 
     def attend(self, layer_idx: int, q, k, v):
@@ -130,9 +118,9 @@ class StaticDecodeStep:
         self.slot_mapping = torch.full((B,), self.scratch_block * self.block_size, **longs)
         self.context_lens = torch.ones(B, **longs)
         self.block_tables = torch.full((B, self.width), self.scratch_block, **longs)
-        attention = static_attention(kv_cache.backend, device, model.dtype)
-        write = getattr(kv_cache.backend, "write", write_kv)
-        self.kv = {b: DecodeKV(self.k, self.v, self._step(b, longs), attention, write) for b in self.buckets}
+        attention = fixed_shape_attention(kv_cache.backend, device, model.dtype)
+        self.kv = {b: DecodeKV(self.k, self.v, self._step(b, longs), attention, kv_cache.backend.write)
+                   for b in self.buckets}
 
     def _step(self, b: int, longs: dict) -> PagedStep:
         """The PagedStep of a bucket: views of the static tensors, one decode row per sequence."""
