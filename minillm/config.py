@@ -122,24 +122,16 @@ DEVICES = ("cpu", "cuda")
 DEFAULT_CHUNKED_BUDGET = 2048                   # tokens per step with chunked prefill, as vLLM
 
 
-@dataclass
-class SchedulerConfig(Validated):
-    """What the scheduler needs, with every default already resolved by the engine."""
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """The scheduler's slice of a validated EngineConfig, with the token budget resolved
+    (engine/resolved_config.py). No checks of its own: EngineConfig made them."""
     max_num_seqs: int = 64
     max_num_batched_tokens: int = DEFAULT_CHUNKED_BUDGET
     enable_chunked_prefill: bool = True
     scheduling_policy: str = "fcfs"
     preemption_mode: str = "recompute"
     static_batching: bool = False
-
-    def validate(self) -> None:
-        name = "SchedulerConfig"
-        check_int(name, "max_num_seqs", self.max_num_seqs, minimum=1)
-        check_int(name, "max_num_batched_tokens", self.max_num_batched_tokens, minimum=1)
-        check_bool(name, "enable_chunked_prefill", self.enable_chunked_prefill)
-        check_choice(name, "scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
-        check_choice(name, "preemption_mode", self.preemption_mode, PREEMPTION_MODES)
-        check_bool(name, "static_batching", self.static_batching)
 
 
 def option(default, help: str):
@@ -204,14 +196,3 @@ class EngineConfig(Validated):
             kind, _, index = self.device.partition(":")
             if kind not in DEVICES or (index and not (kind == "cuda" and index.isdigit())):
                 fail(name, "device", "'cpu', 'cuda', 'cuda:N' or None", self.device)
-
-    def scheduler_config(self, max_model_len: int) -> SchedulerConfig:
-        """The scheduler's settings, with the token budget resolved for this max_model_len."""
-        budget = self.max_num_batched_tokens or (
-            DEFAULT_CHUNKED_BUDGET if self.enable_chunked_prefill else max(DEFAULT_CHUNKED_BUDGET, max_model_len))
-        if not self.enable_chunked_prefill and budget < max_model_len:
-            raise ValueError(f"max_num_batched_tokens={budget} < max_model_len={max_model_len}: a long prompt "
-                             "could never be scheduled; enable chunked prefill, raise max_num_batched_tokens "
-                             "or lower max_model_len")
-        return SchedulerConfig(self.max_num_seqs, budget, self.enable_chunked_prefill, self.scheduling_policy,
-                               self.preemption_mode, self.static_batching)

@@ -177,36 +177,3 @@ def test_compiled_step_runs_quantized_linears(method):
     compiled = engine.runner.run_decode.__self__
     assert not compiled.failed, f"the {method} linears broke torch.compile: the step ran eagerly"
     assert compiled.warm == {1}
-
-
-def test_a_model_quantized_under_a_compiled_engine_is_refused_not_run_stale():
-    """The compiled graphs skip dynamo's module guards (compiled_decode.py), so a model changed
-    in place after compiling must be caught by the step itself (static_decode.model_fingerprint;
-    CUDA graphs go through the same `prepare`): its request ends with an error naming the fix,
-    instead of decoding with graphs built for the float layers."""
-    from minillm import quant
-    model, tokenizer = load_model("tiny-llama", device="cpu")
-    engine = LLMEngine(model, tokenizer, compile=True, block_size=4, num_kv_blocks=32, max_model_len=48,
-                       max_num_seqs=1)
-    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
-    assert engine.generate([[5, 6, 7]], params)[0].error is None
-    quant.quantize_model(model, "int8")
-    out = engine.generate([[5, 6, 7]], params)[0]
-    assert out.error and "the model changed in place after this engine's decode step was built" in out.error
-    assert "(None, torch.float32, device(type='cpu')) -> ('int8', torch.float32" in out.error
-    assert engine.stats()["kv_blocks_used"] == 0                     # the failed request freed its blocks
-
-
-def test_the_static_step_refuses_a_model_converted_to_another_dtype_under_it():
-    """A second engine on the same model may convert it in place (dtype, device): graphs built
-    for float32 parameters must not read bfloat16 ones (no dynamo module guard would notice)."""
-    model, tokenizer = load_model("tiny-llama", device="cpu")
-    engine = LLMEngine(model, tokenizer, block_size=4, num_kv_blocks=32, max_model_len=48)
-    step = StaticDecodeStep(model, engine.kv_cache, 2, engine.max_model_len)
-    engine.add_request("r", [5, 6, 7], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
-    engine.step()                                           # prefill: one decode row ready
-    seqs = list(engine.scheduler.running)
-    assert step.prepare(seqs) == 1
-    model.to(torch.bfloat16)
-    with pytest.raises(RuntimeError, match=r"torch.float32, device\(type='cpu'\)\) -> \(None, torch.bfloat16"):
-        step.prepare(seqs)

@@ -83,7 +83,7 @@ def test_chunked_prefill_mixes_prefill_and_decode_in_one_step(tiny_llama):
     plan_sizes = []
     for _ in range(3):
         engine.step()
-        plan_sizes.append(sorted(n for _, n in engine.scheduler.last_plan.scheduled))
+        plan_sizes.append(sorted(n for _, n in engine.last_plan.scheduled))
     assert plan_sizes[0] == [1, 15]                      # one decode token + a 15-token chunk
     assert all(sum(s) <= 16 for s in plan_sizes)
 
@@ -172,7 +172,7 @@ def test_soak_random_requests_with_aborts(tiny_llama, policy):
                 n, max_tokens = wanted[out.request_id]
                 assert len(out.outputs) == n
                 assert all(len(o.token_ids) == max_tokens and o.finish_reason == "length" for o in out.outputs)
-        for seq, _ in engine.scheduler.last_plan.scheduled:
+        for seq, _ in engine.last_plan.scheduled:
             if seq.request_id not in first_scheduled:
                 first_scheduled.append(seq.request_id)
         step += 1
@@ -224,7 +224,7 @@ def test_static_batching_baseline_waits_for_the_whole_batch(tiny_llama):
     step = 0
     while engine.has_unfinished_requests():
         engine.step()
-        for seq, _ in engine.scheduler.last_plan.scheduled:
+        for seq, _ in engine.last_plan.scheduled:
             admitted_at.setdefault(seq.request_id, step)
         step += 1
     assert admitted_at["2"] >= 12             # had to wait for request 1, though request 0 ended at step 2
@@ -274,7 +274,7 @@ def test_priority_request_takes_a_seat_when_max_num_seqs_is_full(tiny_llama):
     engine.step()
     engine.add_request("urgent", [3000] * 10, params, priority=0)
     engine.step()
-    assert any(s.request_id == "urgent" for s, _ in engine.scheduler.last_plan.scheduled)
+    assert any(s.request_id == "urgent" for s, _ in engine.last_plan.scheduled)
     assert engine.stats()["num_preemptions"] == 1
     finished = []
     while engine.has_unfinished_requests():

@@ -9,7 +9,7 @@ and seeded sampling mixed in one batch.
 import pytest
 import torch
 
-import minillm.engine.step as engine_module
+import minillm.engine.engine as engine_module
 from minillm.engine.engine import LLMEngine
 from minillm.sampling_params import SamplingParams
 
@@ -137,15 +137,15 @@ def test_sampler_fault_in_one_row_keeps_the_seeded_rows_exact(tiny_llama, clean_
 
 def test_stop_check_fault_ends_its_request(tiny_llama, clean_run):
     engine = make_engine(tiny_llama)
-    seq = engine.requests["r1"].seqs[0]
-    real = seq.stopper.check
+    stopper = engine.output_processor.stop_checker(engine.requests["r1"].seqs[0])
+    real = stopper.check
 
     def check(ids):
         if len(ids) == 3:
             raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "a tokenizer error")
         return real(ids)
 
-    seq.stopper.check = check
+    stopper.check = check
     final = drain(engine)
     assert_only_these_failed(engine, final, clean_run, {"r1"}, "checking stop conditions failed")
 
@@ -156,8 +156,8 @@ def test_block_move_fault_ends_the_requests_it_moved(tiny_llama, clean_run):
 
     def apply(ops):
         if ops.swap_out and not hit:                   # the first swap-out copy fails
-            hit.update(s.request_id for s in engine.scheduler.last_plan.preempted)
-            hit.update(s.request_id for s, _ in engine.scheduler.last_plan.scheduled)
+            hit.update(s.request_id for s in engine.last_plan.preempted)
+            hit.update(s.request_id for s, _ in engine.last_plan.scheduled)
             raise RuntimeError("copy to host failed")
         return real(ops)
 

@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-import minillm.engine.step as engine_step
+import minillm.engine.engine as engine_step
 from minillm.engine.engine import LLMEngine
 from minillm.models import load_model
 from minillm.sampling_params import SamplingParams

@@ -39,13 +39,15 @@ class PagedStep:
 
     @classmethod
     def build(cls, block_tables: list[list[int]], starts: list[int], num_new: list[int],
-              block_size: int, device="cpu") -> "PagedStep":
-        """Sequence b writes num_new[b] tokens at positions starts[b], starts[b]+1, ..."""
+              block_size: int, device="cpu", slot_mapping_fn=None) -> "PagedStep":
+        """Sequence b writes num_new[b] tokens at positions starts[b], starts[b]+1, ...
+        `slot_mapping_fn`: the function below unless another is given (lesson 03's)."""
+        slot_mapping_fn = slot_mapping_fn or slot_mapping
         positions, slots = [], []
         for table, start, n in zip(block_tables, starts, num_new):
             pos = list(range(start, start + n))
             positions += pos
-            slots += slot_mapping(table, pos, block_size)
+            slots += slot_mapping_fn(table, pos, block_size)
         width = max(len(t) for t in block_tables)
         padded = [t + [0] * (width - len(t)) for t in block_tables]
         query_start = [0]

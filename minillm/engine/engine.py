@@ -2,109 +2,71 @@
 
     add_request ──► Scheduler ──► BlockManager ──► ModelRunner ──► sample ──► stop checks
 
-`step()` runs one iteration: the scheduler picks who feeds which tokens, the
-block manager's queued block moves (swap, copy-on-write) are applied, the runner does one
-forward for the whole flat batch, each sampling sequence gets its token, and
-finished sequences hand their blocks back at once.
-
-A step is all or nothing for each request: whatever raises inside it (a block move, the
-model, the sampler, a stop check) ends only the requests it hit, with finish reason
-"error" and the message in `RequestOutput.error`, and frees their blocks; every other
-request goes on with exactly the tokens it would have had alone (`engine_step.py`).
+Built in one direction: the options are resolved once (resolved_config.py), then the runner
+(its own model, the KV pool, the attention backend), then the block manager and the
+scheduler. `step()` is the diagram: the scheduler's plan (plain data), its block moves,
+one forward for the flat batch, a token for each sampling sequence, the bookkeeping, and
+an output per request. A fault inside one request's work ends only that request
+(fault_isolation.py).
 """
 from __future__ import annotations
 
 import itertools
 import time
 
-import torch
-
-from ..attention import make_backend
+from ..attention.paged import slot_mapping
 from ..config import EngineConfig
-from .step import EngineStep
 from ..kv.block_allocator import BlockAllocator
-from ..kv.block_manager import BlockManager, cdiv
-from ..kv.paged_cache import PagedKVCache
+from ..kv.block_manager import BlockManager
 from ..kv.prefix_cache import PrefixCache
-from ..models.loader import place_model
 from ..outputs import RequestOutput
-from ..quant import quantize_model
-from .request import Request, check_request
 from ..runner.model_runner import ModelRunner
-from ..sample.sampler import make_generator
+from ..sample.sampler import sample
 from ..sampling_params import SamplingParams
-from .scheduler import Scheduler
+from .fault_isolation import FAILED, FaultIsolation
+from .output_processor import OutputProcessor
+from .request import Request, check_request
+from .resolved_config import resolve_config
+from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence
-from ..text.stopping import StopChecker
 
 MAX_IDLE_STEPS = 100     # generate(): steps in a row that schedule nothing before it calls it a deadlock
 
 
-class LLMEngine(EngineStep):
+class LLMEngine:
     def __init__(self, model, tokenizer, config: EngineConfig | None = None, *,
                  allocator_cls=BlockAllocator, prefix_cache_cls=PrefixCache, scheduler_cls=Scheduler,
-                 block_manager_cls=BlockManager, **options):
-        """Pass an EngineConfig or its fields as keyword options, not both. The *_cls
-        arguments are the seams where a lesson plugs in the learner's class."""
+                 block_manager_cls=BlockManager, slot_mapping_fn=slot_mapping, **options):
+        """Pass an EngineConfig or its fields as keyword options, not both. The *_cls and *_fn
+        arguments are the seams where a lesson plugs in the learner's piece. The engine runs
+        its own copy of the model's module tree (runner/engine_model.py says what that costs)."""
         if config is not None and options:
             raise TypeError(f"pass either an EngineConfig or engine options, not both (got config and "
                             f"{', '.join(sorted(options))}); e.g. dataclasses.replace(config, ...)")
         if config is not None and not isinstance(config, EngineConfig):
             raise TypeError(f"config must be an EngineConfig, got {type(config).__name__}")
         self.config = config = config or EngineConfig(**options)
-        self.model = model = place_model(model, config.device, config.dtype)
-        if config.quantization is not None:      # weight-only linears, in place (quant/swap.py)
-            quantize_model(model, config.quantization)
+        self.resolved = resolved = resolve_config(config, model)
+        self.runner = ModelRunner.build(model, resolved, config, slot_mapping_fn)
+        self.block_manager = block_manager_cls(resolved.num_kv_blocks, config.block_size,
+                                               config.enable_prefix_caching, num_cpu_blocks=resolved.num_swap_blocks,
+                                               allocator_cls=allocator_cls, prefix_cache_cls=prefix_cache_cls)
+        self.scheduler = scheduler_cls(self.block_manager, resolved.scheduler_config(config))
         self.tokenizer = tokenizer
-        num_blocks = config.num_kv_blocks or self._blocks_from_memory()
-        self.max_model_len = self._resolve_max_model_len(num_blocks)
-        swap_blocks = (config.swap_space or num_blocks) if config.preemption_mode == "swap" else 0
-        self.block_manager = block_manager_cls(num_blocks, config.block_size, config.enable_prefix_caching,
-                                               num_cpu_blocks=swap_blocks, allocator_cls=allocator_cls,
-                                               prefix_cache_cls=prefix_cache_cls)
-        backend = make_backend(config.attention_backend, model.device, model.dtype)
-        self.kv_cache = PagedKVCache.for_model(model, num_blocks, config.block_size, backend)
-        if swap_blocks:
-            self.kv_cache.enable_swap(swap_blocks)
-        self.runner = ModelRunner(model, self.kv_cache, config, self.max_model_len)
-        self.scheduler = scheduler_cls(self.block_manager, config.scheduler_config(self.max_model_len))
+        eos = tokenizer.eos_token_ids if tokenizer is not None else set(model.config.eos_token_ids)
+        self.output_processor = OutputProcessor(tokenizer, eos, resolved.device)
         self.requests: dict[str, Request] = {}
+        self.faults = FaultIsolation(self.requests, self.scheduler)
         self._held: dict[str, RequestOutput] = {}     # outputs generate() stepped past (see step)
-        self._touched: dict[str, None] = {}           # requests the current step worked on or failed
         self._seq_ids = itertools.count()
-        self.eos_token_ids = tokenizer.eos_token_ids if tokenizer is not None else set(model.config.eos_token_ids)
+        self._last_plan = SchedulerOutput()
 
-    def _blocks_from_memory(self) -> int:
-        per_block = PagedKVCache.bytes_per_block_for(self.model, self.config.block_size)
-        budget = self.config.kv_cache_memory_bytes
-        if budget is None:
-            if self.model.device.type == "cuda":
-                free, _ = torch.cuda.mem_get_info(self.model.device)
-                budget = int(0.4 * free)
-            else:
-                budget = 1 << 30
-        return max(1, budget // per_block)
+    # what the lessons and the server read
+    model = property(lambda self: self.runner.model, doc="the model this engine runs (its own tree)")
+    kv_cache = property(lambda self: self.runner.kv_cache)
+    max_model_len = property(lambda self: self.resolved.max_model_len)
+    last_plan = property(lambda self: self._last_plan, doc="the latest step's plan (lessons draw it)")
 
-    def _resolve_max_model_len(self, num_blocks: int) -> int:
-        """The longest sequence (prompt + output) the engine accepts. Asked for: refused,
-        with the fix, when the model or the pool cannot hold it. Not asked for: the
-        model's limit, or what the pool holds when that is less (one sequence must
-        always fit alone, or preemption could not make progress)."""
-        limit = self.model.config.max_position_embeddings
-        pool = num_blocks * self.config.block_size
-        asked = self.config.max_model_len
-        if asked is None:
-            return min(limit, pool)
-        if asked > limit:
-            raise ValueError(f"max_model_len={asked} is more than the model's max_position_embeddings={limit}")
-        if asked > pool:
-            raise ValueError(f"max_model_len={asked} does not fit the KV pool: {num_blocks} blocks of "
-                             f"{self.config.block_size} tokens hold {pool}; raise num_kv_blocks to at least "
-                             f"{cdiv(asked, self.config.block_size)} (or kv_cache_memory_bytes), "
-                             "or lower max_model_len")
-        return asked
-
-    # -- public face -------------------------------------------------------------------
     def add_request(self, request_id: str, prompt, params: SamplingParams | None = None,
                     priority: int = 0) -> None:
         """Queue a prompt (text or token ids). Refuses, with a ValueError or TypeError naming
@@ -112,7 +74,9 @@ class LLMEngine(EngineStep):
         params = params if params is not None else SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        ids = check_request(self, request_id, prompt, params, priority)
+        r = self.resolved
+        ids = check_request(request_id, prompt, params, priority, self.tokenizer, vocab_size=r.vocab_size,
+                            max_model_len=r.max_model_len, max_num_seqs=self.config.max_num_seqs)
         req = Request(request_id, prompt if isinstance(prompt, str) else None, ids, params,
                       priority, time.monotonic())
         req.seqs.append(self._new_sequence(req, index=0))
@@ -120,11 +84,10 @@ class LLMEngine(EngineStep):
         self.scheduler.add(req.seqs[0])
 
     def _new_sequence(self, req: Request, index: int) -> Sequence:
-        return Sequence(seq_id=next(self._seq_ids), request_id=req.request_id,
-                        prompt_token_ids=req.prompt_ids, params=req.params, index=index,
-                        generator=make_generator(req.params, self.model.device, offset=index),
-                        stopper=StopChecker(req.params, self.tokenizer, self.eos_token_ids),
-                        priority=req.priority, arrival=req.metrics.arrival_time)
+        seq = Sequence(seq_id=next(self._seq_ids), request_id=req.request_id, prompt_token_ids=req.prompt_ids,
+                       params=req.params, index=index, priority=req.priority, arrival=req.metrics.arrival_time)
+        self.output_processor.add(seq)
+        return seq
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request now and free its blocks (a client went away)."""
@@ -134,8 +97,8 @@ class LLMEngine(EngineStep):
             return
         for seq in req.seqs:
             if not seq.is_finished:
-                seq.finish_reason = "abort"
-                self.scheduler.finish(seq)
+                self.scheduler.finish(seq, "abort")
+        self.output_processor.remove(req)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests or self._held)
@@ -149,8 +112,7 @@ class LLMEngine(EngineStep):
         return list(held.values())
 
     def stats(self) -> dict:
-        bm, backend = self.block_manager, self.kv_cache.backend
-        pc = bm.prefix_cache
+        bm, pc = self.block_manager, self.block_manager.prefix_cache
         return {
             "num_preemptions": self.scheduler.num_preemptions,
             "num_recomputed_tokens": self.scheduler.num_recomputed_tokens,
@@ -160,8 +122,9 @@ class LLMEngine(EngineStep):
             "prefix_cache_hit_rate": pc.hit_rate if pc else 0.0,
             "kv_blocks_used": bm.allocator.num_blocks - bm.num_free_blocks,
             "kv_blocks_total": bm.allocator.num_blocks,
-            "attention_backend": getattr(backend, "name", type(backend).__name__),
-            "quantization": getattr(self.model, "quantization", None),
+            "attention_backend": self.kv_cache.backend.name,
+            "quantization": self.resolved.quantization,
+            "config": self.resolved.as_dict(),          # every derived value, with its reason
         }
 
     def generate(self, prompts: list, params: SamplingParams | list[SamplingParams] | None = None,
@@ -201,3 +164,86 @@ class LLMEngine(EngineStep):
                     self.abort_request(rid)
             raise
         return [final[r] for r in ids]
+
+    def _step(self) -> list[RequestOutput]:
+        plan = self._last_plan = self.scheduler.plan_step()           # who feeds which tokens, block moves
+        faults = self.faults                                          # a fault ends only the requests it hits
+        faults.begin(plan)
+        try:
+            self._record_schedule(plan)
+            if faults.move_blocks(self.runner.apply_block_ops, plan) and plan.scheduled:
+                samplers, logits = faults.forward(self.runner.execute, plan.scheduled)   # one flat forward
+                for seq, n in plan.scheduled:                                         # their K/V are in
+                    if not seq.is_finished:
+                        faults.guarded(seq, "recording computed tokens", self.scheduler.mark_computed, seq, n)
+                rows, seqs = self._fork(samplers)                                     # n > 1: prompt done
+                live = [(r, s) for r, s in zip(rows, seqs) if not s.is_finished]
+                tokens = faults.sample(sample, [s for _, s in live], logits[[r for r, _ in live]],
+                                       [self.output_processor.generator(s) for _, s in live])
+                self._update_from_tokens(live, logits, tokens)                        # append, stop checks
+        except BaseException as e:          # an interrupt, or a bug outside the guarded stages
+            faults.fail_touched(f"the step failed: {e!r}")
+            self._held.update((out.request_id, out) for out in self._collect_outputs())   # the next step()
+            raise
+        return self._collect_outputs()
+
+    def _record_schedule(self, plan: SchedulerOutput) -> None:
+        now = time.monotonic()
+        for seq in plan.preempted:
+            self.requests[seq.request_id].metrics.num_preemptions += 1
+        for seq, _ in plan.scheduled:
+            m = self.requests[seq.request_id].metrics
+            m.first_scheduled_time = m.first_scheduled_time or now
+
+    def _fork(self, samplers: list[Sequence]) -> tuple[list[int], list[Sequence]]:
+        """Each sampling sequence's logits row; a request whose prompt just finished (n > 1)
+        forks its n - 1 other samples here, sharing the parent's row and blocks."""
+        rows, seqs = [], []
+        for row, seq in enumerate(samplers):
+            if seq.is_finished:
+                continue
+            rows.append(row)
+            seqs.append(seq)
+            req = self.requests[seq.request_id]
+            if seq.index == 0 and len(req.seqs) < req.params.n:
+                for i in range(1, req.params.n):
+                    child = self._new_sequence(req, index=i)
+                    req.seqs.append(child)
+                    if self.faults.guarded(seq, "forking", self.scheduler.add_fork, seq, child) is FAILED:
+                        break
+                    rows.append(row)
+                    seqs.append(child)
+        return rows, seqs
+
+    def _update_from_tokens(self, live: list[tuple[int, Sequence]], logits, tokens: list) -> None:
+        """Per token: its logprobs, appended to its sequence, the stop checks, a finished sequence out."""
+        now, faults, outputs = time.monotonic(), self.faults, self.output_processor
+        for (row, seq), token in zip(live, tokens):
+            if seq.is_finished:             # a sibling's failure ended the whole request
+                continue
+            if isinstance(token, Exception):
+                faults.fail(seq.request_id, f"sampling failed: {token!r}")
+                continue
+            if seq.params.logprobs is not None and faults.guarded(
+                    seq, "computing logprobs", outputs.record_logprobs, seq, logits[row], token) is FAILED:
+                continue
+            req = self.requests[seq.request_id]
+            req.metrics.first_token_time = req.metrics.first_token_time or now
+            self.scheduler.append_token(seq, token)
+            reason = faults.guarded(seq, "checking stop conditions", outputs.check_stop, seq)
+            if reason is FAILED:
+                continue
+            if reason is None and len(seq) >= self.max_model_len:
+                reason = "length"           # unreachable when add_request checked max_tokens
+            if reason:
+                self.scheduler.finish(seq, reason)
+                if req.finished:
+                    req.metrics.finished_time = now
+
+    def _collect_outputs(self) -> list[RequestOutput]:
+        """An output for each request the step touched (or failed); finished ones leave."""
+        outputs = [self.output_processor.output(self.requests[r]) for r in self.faults.touched if r in self.requests]
+        for out in outputs:
+            if out.finished:
+                self.output_processor.remove(self.requests.pop(out.request_id))
+        return outputs

@@ -29,8 +29,10 @@ class Request:
             len(self.seqs) == self.params.n and all(s.is_finished for s in self.seqs))
 
 
-def check_request(engine, request_id, prompt, params, priority) -> list[int]:
-    """The prompt's token ids, or a TypeError/ValueError that says what is wrong."""
+def check_request(request_id, prompt, params, priority, tokenizer, *, vocab_size: int, max_model_len: int,
+                  max_num_seqs: int) -> list[int]:
+    """The prompt's token ids, or a TypeError/ValueError that says what is wrong. The limits
+    are the engine's resolved ones (resolved_config.py)."""
     if not isinstance(request_id, str):
         raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
     if not isinstance(params, SamplingParams):
@@ -38,19 +40,19 @@ def check_request(engine, request_id, prompt, params, priority) -> list[int]:
                         + (": build one with SamplingParams(**d)" if isinstance(params, dict) else ""))
     if not is_int(priority):
         raise TypeError(f"priority must be an integer, got {priority!r:.40}")
-    ids = prompt_to_ids(engine.tokenizer, prompt)
-    vocab = engine.model.config.vocab_size
+    ids = prompt_to_ids(tokenizer, prompt)
+    vocab = vocab_size
     bad = next((t for t in ids if not 0 <= t < vocab), None)
     if bad is not None:
         raise ValueError(f"prompt token id {bad} is outside the vocabulary: ids lie in [0, {vocab})")
-    limit = engine.max_model_len
+    limit = max_model_len
     if len(ids) >= limit:
         raise ValueError(f"the prompt has {len(ids)} tokens; max_model_len is {limit} "
                          "(prompt + at least one generated token): shorten the prompt")
     if len(ids) + params.max_tokens > limit:
         raise ValueError(f"the prompt ({len(ids)} tokens) plus max_tokens={params.max_tokens} is more than "
                          f"max_model_len={limit}: lower max_tokens to at most {limit - len(ids)}")
-    seats = engine.scheduler.max_num_seqs
+    seats = max_num_seqs
     if params.n > seats:
         raise ValueError(f"n={params.n} samples need {params.n} sequences running at once; "
                          f"max_num_seqs is {seats}")

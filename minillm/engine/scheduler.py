@@ -20,14 +20,22 @@ import bisect
 from dataclasses import dataclass, field
 
 from ..config import SchedulerConfig
-from ..kv.block_manager import BlockManager
+from ..kv.block_manager import BlockManager, BlockOps
 from .sequence import Sequence, Status
 
 
 @dataclass
 class SchedulerOutput:
-    scheduled: list[tuple[Sequence, int]] = field(default_factory=list)   # (sequence, tokens to feed)
+    """A step's plan: the only thing that crosses from the scheduler to the runner. Plain data
+    (sequences are ids, tokens, block tables and counts), so it pickles: a tensor-parallel
+    worker receives exactly this."""
+    # set by schedule(): each sequence that runs this step and how many of its tokens it feeds
+    scheduled: list[tuple[Sequence, int]] = field(default_factory=list)
+    # set by _preempt(): sequences that gave up their blocks this step (swapped out or requeued)
     preempted: list[Sequence] = field(default_factory=list)
+    # set at the end of schedule(): the block manager's queued moves (swap out, copy-on-write,
+    # swap in), which the runner applies before the forward
+    block_ops: BlockOps = field(default_factory=BlockOps)
 
 
 def seats(seq: Sequence) -> int:
@@ -51,7 +59,6 @@ class Scheduler:
         self.swapped: list[Sequence] = []
         self.num_preemptions = 0
         self.num_recomputed_tokens = 0
-        self.last_plan = SchedulerOutput()     # kept for lessons and tests to inspect
 
     def rank(self, seq: Sequence) -> tuple:
         """Sort key: who goes first (and, from the end, who is preempted first)."""
@@ -71,8 +78,14 @@ class Scheduler:
     def seats_taken(self) -> int:
         return sum(seats(s) for s in self.running)
 
+    def plan_step(self) -> SchedulerOutput:
+        """What the engine calls each step: the schedule, with the block moves it queued."""
+        out = self.schedule()
+        out.block_ops = self.bm.take_ops()
+        return out
+
     def schedule(self) -> SchedulerOutput:
-        self.last_plan = out = SchedulerOutput()
+        out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         for queue in (self.running, self.swapped, self.waiting):
             queue.sort(key=self.rank)
@@ -155,8 +168,18 @@ class Scheduler:
             seq.status = Status.WAITING
             bisect.insort(self.waiting, seq, key=self.rank)
 
-    def finish(self, seq: Sequence) -> None:
+    def mark_computed(self, seq: Sequence, n: int) -> None:
+        """The forward wrote n more of seq's tokens into the cache (full blocks join the prefix cache)."""
+        self.bm.mark_computed(seq, n)
+
+    def append_token(self, seq: Sequence, token: int) -> None:
+        """The sampler's token for seq: its next input."""
+        seq.output_token_ids.append(token)
+
+    def finish(self, seq: Sequence, reason: str | None = None) -> None:
         """A sequence ended (or was aborted): its blocks go back at once."""
+        if reason is not None:
+            seq.finish_reason = reason
         if seq in self.running:
             self.running.remove(seq)
             self.bm.free(seq)

@@ -3,6 +3,11 @@
 A request with n > 1 samples owns n sequences that share the prompt's blocks
 (lesson 04). The scheduler moves sequences between states; the block manager
 fills `block_table`; the runner reads both to lay out a step.
+
+Plain data only (ids, tokens, block table, counts, params): a sequence pickles, so a
+step's plan can be sent to another process (a tensor-parallel worker). What carries
+behaviour (the seeded generator, the stop checker and its detokenizer, the logprobs
+collected) lives in the engine's OutputProcessor, keyed by `seq_id`.
 """
 from __future__ import annotations
 
@@ -10,7 +15,6 @@ import enum
 from dataclasses import dataclass, field
 
 from ..sampling_params import SamplingParams
-from ..text.stopping import StopChecker
 
 
 class Status(enum.Enum):
@@ -35,11 +39,8 @@ class Sequence:
     num_cached_tokens: int = 0                      # prompt tokens found in the prefix cache on arrival
     admitted: bool = False                          # has held blocks before (a preemption re-admits)
     finish_reason: str | None = None
-    generator: object = None                        # torch.Generator for seeded sampling
-    stopper: StopChecker | None = None
     priority: int = 0
     arrival: float = 0.0
-    logprobs: list[dict] | None = None              # per generated token, when params.logprobs is set
 
     @property
     def token_ids(self) -> list[int]:

@@ -33,14 +33,13 @@ traces with dynamo (seconds per bucket); only inductor's code generation is cach
 Guards: before each call dynamo re-checks what the graph assumed, and for a model that is
 every parameter and module attribute: 2.3 ms of a 15.5 ms batch-1 step (w4a8, 2 threads,
 torch.profiler's "TorchDynamo Cache Lookup"), 0.2 ms with the module guards skipped
-(`torch.compiler.skip_guard_on_all_nn_modules_unsafe`). Unsafe in general; here the engine
-never changes its model after building the step, and what another engine on the same model
-could change in place (quantization, dtype, device) is checked on every step instead
-(`static_decode.model_fingerprint`): the step refuses to run a model changed under it. And
-dynamo keeps compiled graphs on the function's code object, shared by every engine in the
-process: without the module guards, a graph built for another engine's model (say int8)
-would be found for this one's (int4). So each engine compiles a copy of the step's function
-with a code object of its own (`own_code_copy`), and its lookups see only its own graphs.
+(`torch.compiler.skip_guard_on_all_nn_modules_unsafe`). Unsafe in general; safe here because
+the engine owns its model (runner/engine_model.py: nobody else swaps its linears or converts
+it) and never changes it after building the step. One thing remains: dynamo keeps compiled
+graphs on the function's code object, shared by every engine in the process, and without the
+module guards a graph built for another engine's model (say int8) would be found for this
+one's (int4). So each engine compiles a copy of the step's function with a code object of
+its own (`own_code_copy`), and its lookups see only its own graphs.
 """
 from __future__ import annotations
 

@@ -91,22 +91,12 @@ class DecodeKV:
         return self.attention(q, self.k[layer_idx], self.v[layer_idx], self.step)
 
 
-def model_fingerprint(model) -> tuple:
-    """What a compiled graph or a captured CUDA graph of the step assumes of its model and cannot
-    see change (compiled_decode.py skips dynamo's module guards; a graph replays fixed addresses):
-    its quantization, parameter dtype and device. Changed in place, e.g. by a second engine built on
-    the same model with another quantization or dtype, the step refuses to run (`prepare`)."""
-    first = next(model.parameters())
-    return getattr(model, "quantization", None), first.dtype, first.device
-
-
 class StaticDecodeStep:
     """Preallocated inputs for up to max_num_seqs decode rows, and `forward(bucket)`, the
     model's decode step (logits included) over the first `bucket` rows of them."""
 
     def __init__(self, model, kv_cache: PagedKVCache, max_num_seqs: int, max_model_len: int):
         self.model, self.block_size = model, kv_cache.block_size
-        self.fingerprint = model_fingerprint(model)
         self.buckets = bucket_sizes(max_num_seqs)
         self.k, self.v = reserve_scratch_block(kv_cache)
         self.scratch_block = self.k[0].shape[0] - 1
@@ -137,11 +127,6 @@ class StaticDecodeStep:
     def prepare(self, seqs) -> int:
         """Write the step's rows into the static tensors (host side, before the callable);
         rows past len(seqs) up to the bucket become padding. Returns the bucket."""
-        if model_fingerprint(self.model) != self.fingerprint:
-            raise RuntimeError(f"the model changed in place after this engine's decode step was built "
-                               f"(quantization, dtype, device: {self.fingerprint} -> {model_fingerprint(self.model)}), "
-                               "e.g. by another engine built on it; build a new engine (a model shared by engines "
-                               "must keep one quantization and dtype)")
         n, bs = len(seqs), self.block_size
         b = bucket_for(self.buckets, n)
         positions = [s.num_computed_tokens for s in seqs]

@@ -14,22 +14,43 @@ from __future__ import annotations
 
 import torch
 
-from ..attention.paged import PagedStep
+from ..attention import make_backend
+from ..attention.paged import PagedStep, slot_mapping
+from ..kv.paged_cache import PagedKVCache
 from .compiled_decode import CompiledDecodeStep
 from .cuda_graphs import CUDAGraphDecode, capture_safe
-from ..kv.paged_cache import PagedKVCache
+from .engine_model import model_for_engine
 from .fixed_shape_decode import StaticDecodeStep
 
 
 class ModelRunner:
-    def __init__(self, model, kv_cache: PagedKVCache, config=None, max_model_len: int | None = None):
-        """`config` (an EngineConfig) and the engine's resolved `max_model_len` turn on the
-        static decode step when `compile` is set, or on CUDA unless `enforce_eager` is."""
+    def __init__(self, model, kv_cache: PagedKVCache, config=None, max_model_len: int | None = None,
+                 slot_mapping_fn=slot_mapping):
+        """Run `model` over `kv_cache` as given. `config` (an EngineConfig) and the engine's resolved
+        `max_model_len` turn on the static decode step when `compile` is set, or on CUDA unless
+        `enforce_eager` is. `slot_mapping_fn(block_table, positions, block_size)`: where each token's
+        K/V go (lesson 03 plugs the learner's in here). An engine builds its runner with `build`."""
         self.model = model
         self.kv_cache = kv_cache
+        self.slot_mapping_fn = slot_mapping_fn
         self.static_step, self.run_decode = None, None       # the fast decode road, when on
         if config is not None:
             self.static_step, self.run_decode = make_fast_decode(model, kv_cache, config, max_model_len)
+
+    @classmethod
+    def build(cls, model, resolved, config, slot_mapping_fn=slot_mapping) -> "ModelRunner":
+        """The engine's runner: its own model (engine_model.py: the handed model is never changed
+        but for its CPU byte order), the KV pool and the attention backend the resolved config names."""
+        model = model_for_engine(model, resolved.device, resolved.dtype, resolved.quantization)
+        backend = make_backend(resolved.attention_backend, resolved.device, resolved.dtype)
+        kv_cache = PagedKVCache.for_model(model, resolved.num_kv_blocks, config.block_size, backend)
+        if resolved.num_swap_blocks:
+            kv_cache.enable_swap(resolved.num_swap_blocks)
+        return cls(model, kv_cache, config, resolved.max_model_len, slot_mapping_fn)
+
+    def apply_block_ops(self, ops) -> None:
+        """The block moves a step's plan carries (swap out, copy-on-write, swap in), before its forward."""
+        self.kv_cache.apply(ops)
 
     @torch.inference_mode()
     def execute(self, scheduled: list[tuple[object, int]]) -> tuple[list, torch.Tensor]:
@@ -48,7 +69,8 @@ class ModelRunner:
                 samplers.append(seq)
         step = PagedStep.build([s.block_table for s, _ in scheduled],
                                [s.num_computed_tokens for s, _ in scheduled],
-                               [n for _, n in scheduled], self.kv_cache.block_size, device)
+                               [n for _, n in scheduled], self.kv_cache.block_size, device,
+                               self.slot_mapping_fn)
         self.kv_cache.set_step(step)
         hidden = self.model(torch.tensor(input_ids, device=device), step.positions, self.kv_cache)
         if not rows:

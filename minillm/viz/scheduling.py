@@ -16,7 +16,7 @@ To add requests mid-run (a late, urgent one), drive the steps yourself:
     engine.add_request("urgent", prompt, params, priority=0)
     record_run(engine, timeline)
 
-What a cell means, read from `engine.scheduler.last_plan` after each step:
+What a cell means, read from `engine.last_plan` after each step:
   prefill    the request fed (a chunk of) its prompt
   decode     it fed its newest token and got the next one
   recompute  it fed prompt + generated tokens again after a recompute preemption
@@ -73,7 +73,7 @@ class Timeline:
         self.seconds.append(time.perf_counter() - t0)
 
         t = len(self.cells)
-        plan = engine.scheduler.last_plan
+        plan = engine.last_plan
         cells: dict[str, tuple[str, int]] = {}
         for seq, n in plan.scheduled:
             had = generated_before.get(seq.seq_id, 0)
