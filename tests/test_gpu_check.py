@@ -1,5 +1,6 @@
-"""The one-shot GPU check: refuses to run without CUDA, and its stage runner records a
-failing, a hanging and a passing stage and goes on after each."""
+"""The one-shot GPU check (scripts/gpu_check.py, a repository tool outside the package):
+refuses to run without CUDA, and its stage runner records a failing, a hanging and a passing
+stage and goes on after each."""
 import json
 import subprocess
 import sys
@@ -8,14 +9,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from minillm.gpu_check import DEFAULT_BUDGET_S, Stage, default_stages, run_stages
-
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))       # the scripts import as top-level modules
+
+from gpu_check import DEFAULT_BUDGET_S, Stage, default_stages, run_stages  # noqa: E402
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_without_cuda_it_says_so_and_exits_non_zero(tmp_path):
-    for command in ([sys.executable, "-m", "minillm.gpu_check", "--json", str(tmp_path / "r.json")],
+    for command in ([sys.executable, str(REPO / "scripts" / "gpu_check.py"), "--json", str(tmp_path / "r.json")],
                     ["bash", str(REPO / "scripts" / "gpu_check.sh"), "--json", str(tmp_path / "r.json")]):
         out = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
         assert out.returncode == 2, out.stderr
@@ -49,6 +51,8 @@ def test_stage_runner_records_failure_timeout_and_success_and_runs_on(tmp_path):
 
 def test_default_stages_cover_the_issue(tmp_path):
     stages = {s.name: s for s in default_stages(tmp_path)}
+    in_process = stages["greedy-exactness"].argv[1]        # the stages script, by path: it runs from anywhere
+    assert Path(in_process) == REPO / "scripts" / "gpu_check_stages.py" and Path(in_process).is_file()
     assert list(stages) == ["gpu-tests", "greedy-exactness", "roofline", "throughput-smollm2",
                             "throughput-qwen3-0.6b-shape", "lessons"]
     assert stages["gpu-tests"].argv[-3:] == ["-m", "gpu", "tests"]
@@ -60,7 +64,7 @@ def test_default_stages_cover_the_issue(tmp_path):
 
 
 def test_qwen3_shape_matches_the_published_config():
-    from minillm.gpu_check_stages import QWEN3_0_6B as c
+    from gpu_check_stages import QWEN3_0_6B as c
     shape = (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
              c.intermediate_size, c.vocab_size, c.qk_norm, c.tie_word_embeddings)
     assert shape == (1024, 28, 16, 8, 128, 3072, 151936, True, True)
@@ -68,3 +72,12 @@ def test_qwen3_shape_matches_the_published_config():
     with torch.device("meta"):                                         # no memory: just count
         params = sum(p.numel() for p in LlamaForCausalLM(c).parameters())
     assert 590e6 < params < 600e6                                      # "0.6B" (596M, tied embeddings)
+
+
+def test_the_stages_script_runs_by_path_from_anywhere(tmp_path):
+    """`gpu_check.py` starts its in-process stages as `python scripts/gpu_check_stages.py`:
+    its imports resolve outside the package, from any working directory."""
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check_stages.py"), "--help"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "greedy-exactness" in out.stdout

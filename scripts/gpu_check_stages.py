@@ -1,7 +1,7 @@
-"""The GPU check's in-process stages (`gpu_check.py` runs each in its own process):
+"""The GPU check's in-process stages (`scripts/gpu_check.py` runs each in its own process):
 
-    python -m minillm.gpu_check_stages greedy-exactness|throughput-smollm2|throughput-qwen3-0.6b-shape
-                                       --json FILE [--quick] [--device cuda]
+    python scripts/gpu_check_stages.py greedy-exactness|throughput-smollm2|throughput-qwen3-0.6b-shape
+                                        --json FILE [--quick] [--device cuda]
 
 greedy-exactness: the engine's greedy tokens against transformers' on the same device and
     dtype (float32, bfloat16, float16), chat prompts, every attention backend that runs there;
@@ -15,15 +15,19 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
+
+if __name__ == "__main__":     # run as a script: the checkout's minillm, like every other stage
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
-from .bench.roofline import available_backends
-from .bench.throughput import make_workload, run_minillm, run_transformers_static
-from .config import ModelConfig
-from .models import load_model, load_tokenizer
-from .models.loader import place_model, resolve_dtype
-from .models.reference import compare_greedy, reference_greedy, transformers_twin
+from minillm.bench.roofline import available_backends
+from minillm.bench.throughput import make_workload, run_minillm, run_transformers_static
+from minillm.config import ModelConfig
+from minillm.models import load_model, load_tokenizer
+from minillm.models.loader import place_model, resolve_dtype
+from minillm.models.reference import compare_greedy, reference_greedy, transformers_twin
 
 QUESTIONS = ["What is the capital of France?", "Name three fruits.", "Count to five.",
              "Write a haiku about the sea."]
@@ -39,8 +43,8 @@ def greedy_exactness(device: str, dtypes=("float32", "bfloat16", "float16"), max
                      model_name: str | None = None, save=print) -> dict:
     """{dtype: {backend: [verdict per prompt]}}; a verdict is 'identical', 'tie at step i'
     or 'FAIL: why'. `save` gets the figures so far after each backend (a timeout keeps them)."""
-    from .engine.engine import LLMEngine
-    from .sampling_params import SamplingParams
+    from minillm.engine.engine import LLMEngine
+    from minillm.sampling_params import SamplingParams
     results = {}
     for dtype in dtypes:
         model, tokenizer = load_model(model_name, device=device, dtype=dtype)
@@ -66,7 +70,7 @@ def greedy_exactness(device: str, dtypes=("float32", "bfloat16", "float16"), max
 
 def random_model(config: ModelConfig, device: str, dtype: torch.dtype, seed: int = 0):
     """A model of `config`'s shape with random weights, built on the device (fast init)."""
-    from .models.llama import LlamaForCausalLM
+    from minillm.models.llama import LlamaForCausalLM
     torch.manual_seed(seed)
     with torch.device(device):
         model = LlamaForCausalLM(config)

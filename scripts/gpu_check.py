@@ -1,7 +1,8 @@
+#!/usr/bin/env python3
 """The one-shot GPU check: every GPU claim of the course, measured in one command.
 
-    python -m minillm.gpu_check [--json gpu_check.json] [--quick] [--budget-s 470] [--only NAME ...]
-    scripts/gpu_check.sh                  (the same, from a checkout)
+    python scripts/gpu_check.py [--json gpu_check.json] [--quick] [--budget-s 470] [--only NAME ...]
+    scripts/gpu_check.sh                  (the same, with the checkout's .venv when there is one)
 
 On a CUDA machine with no network, in under 8 minutes: the GPU-marked tests, greedy
 exactness against transformers on the GPU in float32 and bfloat16, `bench throughput`
@@ -12,6 +13,10 @@ group is killed when it runs over): a stage that fails or hangs is recorded and 
 one runs. The JSON (rewritten after every stage, so a killed run keeps what it did)
 holds each stage's outcome, the tail of its output and the figures it wrote.
 Without CUDA it says so and exits 2.
+
+A repository tool, not part of the package: it runs the checkout's `tests/` and `solutions/`.
+Every stage runs from the checkout's root, so the `minillm` it measures is the checkout's
+(`python -m ...` puts the root first on sys.path; `gpu_check_stages.py` puts it there itself).
 """
 from __future__ import annotations
 
@@ -26,7 +31,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = Path(__file__).resolve().parent
+REPO = SCRIPTS.parent
 LESSONS = [f"{n:02d}_" for n in range(7)]          # 00-06; 07 starts servers: the tests cover it
 DEFAULT_BUDGET_S = 470                             # all stages together, under the 8 minutes promised
 
@@ -97,7 +103,7 @@ def default_stages(workdir: Path, quick: bool = False) -> list[Stage]:
                ("greedy-exactness", "throughput-smollm2", "throughput-qwen3-0.6b-shape", "roofline")}
 
     def in_process(name: str) -> list[str]:
-        return [py, "-m", "minillm.gpu_check_stages", name, "--json", figures[name]] + (["--quick"] * quick)
+        return [py, str(SCRIPTS / "gpu_check_stages.py"), name, "--json", figures[name]] + (["--quick"] * quick)
 
     lessons = sorted(str(p.relative_to(REPO)) for p in (REPO / "solutions").glob("0[0-6]_*.ipynb"))
     workers = ["-n", "4", "--dist", "loadfile"] if _has_xdist() else []
@@ -134,7 +140,7 @@ def machine() -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m minillm.gpu_check", description=__doc__,
+    p = argparse.ArgumentParser(prog="python scripts/gpu_check.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", default="gpu_check.json", help="the report (default: gpu_check.json)")
     p.add_argument("--quick", action="store_true", help="smaller workloads (a smoke run)")
