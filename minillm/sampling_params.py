@@ -13,6 +13,12 @@ from .utils.validate import Validated, check_bool, check_int, check_number, fail
 
 MIN_TEMPERATURE = 1e-2     # vLLM's floor: 0 < T < 0.01 is raised to 0.01 (below it logits / T overflow)
 MAX_SEED = 2**64 - 1       # torch generators take 64-bit seeds
+# Stop strings are searched at every token of every sequence (text/stopping.py): bounded so one
+# request cannot slow every other one's step. OpenAI takes 4; vLLM has no limit; lm-eval and
+# chat templates use a handful.
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 128
+MAX_STOP_TOKEN_IDS = 64
 
 
 @dataclass
@@ -44,10 +50,17 @@ class SamplingParams(Validated):
         stops = [self.stop] if isinstance(self.stop, str) else self.stop
         if stops is None:
             stops = []
-        if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) and s for s in stops):
+        if not isinstance(stops, (list, tuple)) or len(stops) > MAX_STOP_STRINGS:
+            fail(name, "stop", f"a string or a list of at most {MAX_STOP_STRINGS} strings", self.stop,
+                 TypeError if not isinstance(stops, (list, tuple)) else ValueError)
+        if not all(isinstance(s, str) and s for s in stops):
             fail(name, "stop", "a non-empty string or a list of non-empty strings", self.stop, TypeError)
+        if any(len(s) > MAX_STOP_STRING_CHARS for s in stops):
+            fail(name, "stop", f"strings of at most {MAX_STOP_STRING_CHARS} characters", self.stop)
         object.__setattr__(self, "stop", list(stops))
         ids = [] if self.stop_token_ids is None else self.stop_token_ids
+        if isinstance(ids, (list, tuple)) and len(ids) > MAX_STOP_TOKEN_IDS:
+            fail(name, "stop_token_ids", f"a list of at most {MAX_STOP_TOKEN_IDS} token ids", self.stop_token_ids)
         if not isinstance(ids, (list, tuple)) or not all(is_int(t) and t >= 0 for t in ids):
             fail(name, "stop_token_ids", "a list of non-negative integers", self.stop_token_ids, TypeError)
         object.__setattr__(self, "stop_token_ids", list(ids))

@@ -280,3 +280,22 @@ def test_priority_request_takes_a_seat_when_max_num_seqs_is_full(tiny_llama):
     while engine.has_unfinished_requests():
         finished += [o.request_id for o in engine.step() if o.finished]
     assert finished.index("urgent") < finished.index("low1")   # low1, the latest low, gave up its seat
+
+
+def test_generate_never_takes_or_aborts_a_callers_request_id():
+    """generate()'s own ids are checked against the engine's: a caller's "gen-3" (the id generate
+    would pick first) keeps running and is delivered by step(), never aborted or lost."""
+    from conftest import get_model
+    model, tokenizer, _ = get_model("tiny-llama")
+    engine = LLMEngine(model, tokenizer, block_size=4, num_kv_blocks=64)
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    for rid in ("gen-3", "gen-4", "gen-5"):     # the ids the counter reaches next (3 sequences taken)
+        engine.add_request(rid, [7, 8, 9], params)
+    outs = engine.generate([[7, 8, 9], [10, 11]], params)
+    assert [len(o.outputs[0].token_ids) for o in outs] == [5, 5]
+    assert not {o.request_id for o in outs} & {"gen-3", "gen-4", "gen-5"}
+    finished = {}
+    while engine.has_unfinished_requests():
+        finished.update((o.request_id, o) for o in engine.step() if o.finished)
+    assert set(finished) == {"gen-3", "gen-4", "gen-5"}
+    assert all(o.outputs[0].token_ids == outs[0].outputs[0].token_ids for o in finished.values())

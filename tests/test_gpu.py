@@ -150,3 +150,14 @@ def test_swap_on_cuda_goes_through_pinned_memory_on_a_copy_stream_in_order():
         assert torch.equal(t[5], torch.full_like(o[5], -1.0))
     assert swap.bytes_moved == 2 * 3 * len(layers) * 1024 * 8 * 128 * 4
 
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("options", [dict(num_kv_blocks=10**9), dict(kv_cache_memory_bytes=10**15)])
+def test_a_pool_past_the_gpu_is_refused_before_allocating(options):
+    model, tokenizer = load_model("tiny-llama", device="cuda")
+    before = torch.cuda.memory_allocated()
+    with pytest.raises(ValueError, match=r"does not fit cuda(:\d)? memory: .* lower num_kv_blocks"):
+        LLMEngine(model, tokenizer, **options)
+    assert torch.cuda.memory_allocated() == before          # nothing was allocated on the way

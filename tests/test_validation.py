@@ -221,3 +221,16 @@ def test_engine_generate_returns_its_own_requests_and_leaves_others_to_step(tiny
     delivered = {o.request_id: o for o in engine.step()}
     assert delivered["mine-earlier"].finished and len(delivered["mine-earlier"].outputs[0].token_ids) == 3
     assert not engine.has_unfinished_requests()
+
+
+def test_stop_strings_and_stop_token_ids_are_bounded():
+    """Searched at every token of every sequence: past the limits is refused at the door."""
+    from minillm.sampling_params import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
+    SamplingParams(stop=["s"] * MAX_STOP_STRINGS, stop_token_ids=list(range(MAX_STOP_TOKEN_IDS)))
+    SamplingParams(stop="x" * MAX_STOP_STRING_CHARS)
+    with pytest.raises(ValueError, match=f"at most {MAX_STOP_STRINGS} strings"):
+        SamplingParams(stop=["s"] * (MAX_STOP_STRINGS + 1))
+    with pytest.raises(ValueError, match=f"at most {MAX_STOP_STRING_CHARS} characters"):
+        SamplingParams(stop="x" * (MAX_STOP_STRING_CHARS + 1))
+    with pytest.raises(ValueError, match=f"at most {MAX_STOP_TOKEN_IDS} token ids"):
+        SamplingParams(stop_token_ids=list(range(MAX_STOP_TOKEN_IDS + 1)))

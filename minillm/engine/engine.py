@@ -89,6 +89,14 @@ class LLMEngine:
         self.output_processor.add(seq)
         return seq
 
+    def _unused_request_id(self) -> str:
+        """An id for generate()'s own requests that no request in the engine has (checked: a
+        caller's add_request may use any string, "gen-0-0" included)."""
+        while True:
+            rid = f"gen-{next(self._seq_ids)}"
+            if rid not in self.requests and rid not in self._held:
+                return rid
+
     def abort_request(self, request_id: str) -> None:
         """Stop a request now and free its blocks (a client went away)."""
         req = self.requests.pop(request_id, None)
@@ -137,13 +145,13 @@ class LLMEngine:
         params_list = params if isinstance(params, list) else [params] * len(prompts)
         if len(params_list) != len(prompts) or (priority is not None and len(priority) != len(prompts)):
             raise ValueError("sampling params and priorities must be one, or one per prompt")
-        base = next(self._seq_ids)
-        ids = [f"gen-{base}-{i}" for i in range(len(prompts))]
-        own = set(ids)
+        ids = [self._unused_request_id() for _ in prompts]      # never one the caller uses
+        own, added = set(ids), []
         final: dict[str, RequestOutput] = {}
         try:
             for i, (rid, prompt, p) in enumerate(zip(ids, prompts, params_list)):
                 self.add_request(rid, prompt, p, priority[i] if priority else 0)
+                added.append(rid)
             idle = 0
             while len(final) < len(ids):
                 outputs = self._step()
@@ -159,7 +167,7 @@ class LLMEngine:
                         if on_finish is not None:
                             on_finish(out)
         except BaseException:
-            for rid in ids:                # a bad prompt or an interrupt: leave nothing behind
+            for rid in added:              # a bad prompt or an interrupt: leave nothing of ours behind
                 if rid not in final:
                     self.abort_request(rid)
             raise

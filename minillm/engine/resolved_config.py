@@ -30,6 +30,7 @@ class ResolvedConfig:
     attention_backend: str
     quantization: str | None
     vocab_size: int
+    memory: dict                        # bytes: weights, kv_pool, swap, available (checked before allocating)
     reasons: dict                       # field -> why it has this value
 
     def scheduler_config(self, config: EngineConfig) -> SchedulerConfig:
@@ -66,8 +67,52 @@ def resolve_config(config: EngineConfig, model) -> ResolvedConfig:
         reasons["attention_backend"] = f"auto on {device.type} {str(dtype).removeprefix('torch.')}"
     else:
         reasons["attention_backend"] = "asked for"
+    memory = check_memory_budget(model, device, dtype, num_blocks, swap,
+                                 bytes_per_kv_block(model.config, config.block_size, dtype))
     return ResolvedConfig(device, dtype, num_blocks, max_model_len, budget, swap, backend,
-                          config.quantization, model.config.vocab_size, reasons)
+                          config.quantization, model.config.vocab_size, memory, reasons)
+
+
+def available_bytes(device: torch.device) -> int:
+    """What the device can still hold: CUDA's free memory, or on CPU the kernel's MemAvailable
+    (RAM it can hand out without swapping; the loaded weights are already counted as used)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        import psutil
+        return psutil.virtual_memory().available
+    except ImportError:
+        return 1 << 62          # nothing tells us: no check (macOS without psutil)
+
+
+def check_memory_budget(model, device, dtype, num_blocks: int, swap_blocks: int, per_block: int) -> dict:
+    """The KV pool (and swap space) must fit what the machine has, checked before anything is
+    allocated: a clear ValueError with the numbers and the fix, never the allocator's raw error
+    or the OOM killer. Swap space lives in host memory: on CPU it shares RAM with the pool."""
+    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    pool, swap = num_blocks * per_block, swap_blocks * per_block
+    memory = {"weights": weights, "kv_pool": pool, "swap": swap}
+    host_need = swap + (pool if device.type == "cpu" else 0)
+    checks = [("host", host_need, available_bytes(torch.device("cpu")))]
+    if device.type == "cuda":
+        checks.insert(0, (str(device), pool, available_bytes(device)))
+    for where, need, have in checks:
+        memory[f"available_{where}"] = have
+        if need > have:
+            raise ValueError(
+                f"the KV cache does not fit {where} memory: {num_blocks} blocks x {per_block} bytes = "
+                f"{pool / 2**30:.2f} GiB for the pool" + (f" + {swap / 2**30:.2f} GiB of swap space" if swap else "")
+                + f", but {have / 2**30:.2f} GiB is available (weights: {weights / 2**30:.2f} GiB); lower "
+                f"num_kv_blocks (at most {max(0, have - (swap if where != 'host' else 0)) // per_block} here) or "
+                "kv_cache_memory_bytes" + (", or swap_space" if swap else ""))
+    return memory
 
 
 def _num_kv_blocks(config, model_config, device, dtype) -> tuple[int, str]:
