@@ -1,21 +1,25 @@
 """Time one decode step, eager against the static step (eager or compiled), per batch size.
 
     python -m minillm.bench.decode_step [--model M] [--batch 1 8 32] [--context 128] [--compile]
-                                        [--freezing] [--max-autotune] [--threads N]
+                                        [--freezing] [--max-autotune] [--threads N] [engine flags]
 
 Each batch is `batch` sequences of `context` tokens feeding one token each, the model's
 decode forward plus the logits of every row. "eager" is the engine's usual runner;
 "static" the padded static step run eagerly; "compiled" that step through torch.compile
 (the first call's time, cold or warm from the inductor cache, is printed as compile_s).
-Times are the best of `--repeats` calls, the variants taking turns.
+Times are the best of `--repeats` calls, the variants taking turns. The engine flags are
+cli/engine_args.py's (CPU, float32 by default); the bench sets the KV pool, seats and length
+for its batches itself, and `--compile` adds the "compiled" variant (the engine stays eager).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import torch
 
+from ..cli.engine_args import add_engine_arguments, engine_config_from_args
 from ..utils import cdiv
 
 
@@ -49,12 +53,14 @@ def main(args) -> dict:
     from ..models import load_model
     from ..runner.fixed_shape_decode import StaticDecodeStep
 
+    config = engine_config_from_args(args)               # a bad flag fails here, before loading
     torch.set_num_threads(args.threads or torch.get_num_threads())
-    model, tokenizer = load_model(args.model, device="cpu")
-    batches, bs = args.batch, 16
+    model, tokenizer = load_model(args.model, device=config.device, dtype=config.dtype)
+    batches, bs = args.batch, config.block_size
     blocks_per_seq = cdiv(args.context + 1, bs)
-    engine = LLMEngine(model, tokenizer, block_size=bs, num_kv_blocks=max(batches) * blocks_per_seq + 1,
-                       max_num_seqs=max(batches), max_model_len=args.context + 64)
+    engine = LLMEngine(model, tokenizer, dataclasses.replace(
+        config, num_kv_blocks=max(batches) * blocks_per_seq + 1, max_num_seqs=max(batches),
+        max_model_len=args.context + 64, compile=False))
     step = StaticDecodeStep(model, engine.kv_cache, max(batches), engine.max_model_len)
     run_compiled = compile_decode_step(step, freezing=args.freezing, max_autotune=args.max_autotune) \
         if args.compile else None
@@ -82,9 +88,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", type=int, default=128)
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--compile", action="store_true")
     p.add_argument("--freezing", action="store_true")
     p.add_argument("--max-autotune", action="store_true")
+    add_engine_arguments(p, device="cpu", dtype="float32")
 
 
 if __name__ == "__main__":

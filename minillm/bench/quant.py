@@ -3,6 +3,13 @@
 time in one run.
 
     python -m minillm bench quant [--model M] [--quick] [--json FILE] [--against llama.cpp] [--compile]
+                                  [engine flags: --quantization int8, --max-num-seqs 1, ...]
+
+The engine flags are cli/engine_args.py's, with two read as the rows to run: `--compile` adds
+a compiled row beside each eager one, `--quantization Q` keeps float32 (the reference) and Q
+(`none`: float32 alone). The model loads on the CPU in float32 unless --device/--dtype say
+otherwise. With --compile, fewer seats (--max-num-seqs) are fewer buckets to compile (1: batch-1
+decode only, a cold start of about half a minute per configuration).
 
 Each configuration gets a freshly loaded model (a model is quantized once, in place) and one
 engine, which measures:
@@ -28,6 +35,7 @@ llama-cpp-python is NOT a minillm dependency; it compiles llama.cpp from source 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -35,6 +43,7 @@ import time
 
 import torch
 
+from ..cli.engine_args import NO_QUANTIZATION, add_engine_arguments, engine_config_from_args
 from ..engine.engine import LLMEngine
 from ..models import load_model
 from ..models.embedded import EMBEDDED_NAME, GGUF_FILE, find_gguf
@@ -46,16 +55,15 @@ LLAMA_CPP_HINT = ("llama-cpp-python is not installed: `pip install llama-cpp-pyt
                   "from source, several minutes; needs cmake and a C++ compiler). Skipping the llama.cpp rows.")
 PROMPT_TEXT = ("The history of the city goes back many centuries. Its first houses stood on the hill above "
                "the river, where traders met to exchange grain, salt and cloth. Over time")
-ENGINE_OPTIONS = dict(max_num_seqs=64, enable_chunked_prefill=True, max_num_batched_tokens=2048)
+QUANTIZATIONS = ("int8", "int4", "w4a8")
 LLAMA_CPP_ROW = "llama.cpp"
 BATCH1_RUNS = 3          # batch-1 decode: the fastest of 3 runs, the one least disturbed by other processes
 SEQUENTIAL_LABEL = "one request at a time (llama-cpp-python's high-level API decodes one sequence)"
 
 
-def configurations(compile: bool) -> list[tuple[str, str | None, bool]]:
-    """(row name, quantization, compiled) for every minillm row."""
-    eager = [("float32", None, False), ("int8", "int8", False), ("int4", "int4", False),
-             ("w4a8", "w4a8", False)]
+def configurations(compile: bool, quantizations=QUANTIZATIONS) -> list[tuple[str, str | None, bool]]:
+    """(row name, quantization, compiled) for every minillm row; float32 always (the reference)."""
+    eager = [("float32", None, False)] + [(q, q, False) for q in quantizations]
     return eager + ([(f"{name}+compile", q, True) for name, q, _ in eager] if compile else [])
 
 
@@ -120,15 +128,17 @@ def run_workload(engine, workload) -> float:
     return sum(n for _, n in workload) / elapsed
 
 
-def engine_options(args) -> dict:
-    """The throughput bench's engine options, with --max-num-seqs when given."""
-    return dict(ENGINE_OPTIONS, max_num_seqs=args.max_num_seqs or ENGINE_OPTIONS["max_num_seqs"])
+def row_quantizations(args) -> tuple[str, ...]:
+    """The quantized rows: all, the one --quantization names, or none (`--quantization none`)."""
+    if args.quantization is None:
+        return QUANTIZATIONS
+    return () if args.quantization == NO_QUANTIZATION else (args.quantization,)
 
 
 def measure_minillm(args, quantization, compiled, prompt_ids, workload) -> dict:
-    model, tokenizer = load_model(args.model, device="cpu")
-    options = dict(engine_options(args), compile=compiled, **({"quantization": quantization} if quantization else {}))
-    engine = LLMEngine(model, tokenizer, **options)
+    config = engine_config_from_args(args, compile=compiled, quantization=quantization)
+    model, tokenizer = load_model(args.model, device=config.device, dtype=config.dtype)
+    engine = LLMEngine(model, tokenizer, config)
     compile_s = compile_every_bucket(engine) if compiled else 0.0
     fell_back = getattr(getattr(engine.runner.run_decode, "__self__", None), "failed", False)
     timed_decode_steps(engine, prompt_ids, 4)          # warm up: threads, caches, the prompt's blocks
@@ -214,6 +224,7 @@ def main(args) -> dict:
     if args.against == LLAMA_CPP_ROW and llama_cpp is None:
         print(LLAMA_CPP_HINT, flush=True)
         notes.append(LLAMA_CPP_HINT)
+    config = engine_config_from_args(args)               # a bad flag fails here, before loading
     model, tokenizer = load_model(args.model, device="cpu")
     prompt_ids, vocab_size = tokenizer.encode(PROMPT_TEXT), model.config.vocab_size
     del model                                            # each configuration loads its own
@@ -222,12 +233,12 @@ def main(args) -> dict:
         workload = make_workload(args.num_prompts or 8, args.seed, vocab_size, (16, 64), (8, 32))
     else:
         workload = make_workload(args.num_prompts or 64, args.seed, vocab_size)
-    load_at_start, bandwidth = background_load(), read_bandwidth_bytes_per_second("cpu")
+    load_at_start, bandwidth = background_load(), read_bandwidth_bytes_per_second(config.device)
     print(f"prompt {len(prompt_ids)} tokens, {args.decode_tokens} decode tokens; workload {len(workload)} "
           f"prompts, {sum(n for _, n in workload)} output tokens; read bandwidth {bandwidth / 1e9:.1f} GB/s; "
           f"{torch.get_num_threads()} threads", flush=True)
     rows = {}
-    for name, quantization, compiled in configurations(args.compile):
+    for name, quantization, compiled in configurations(args.compile, row_quantizations(args)):
         print(f"measuring {name}{' (compiling every bucket first: minutes when cold)' if compiled else ''}...",
               flush=True)
         rows[name] = measure_minillm(args, quantization, compiled, prompt_ids, workload)
@@ -258,7 +269,7 @@ def main(args) -> dict:
               "settings": {"model": args.model or EMBEDDED_NAME, "prompt_tokens": len(prompt_ids),
                            "decode_tokens": args.decode_tokens, "num_prompts": len(workload), "seed": args.seed,
                            "quick": args.quick,
-                           "engine_options": engine_options(args),
+                           "engine_options": dataclasses.asdict(config),
                            "llama_cpp_throughput": SEQUENTIAL_LABEL if LLAMA_CPP_ROW in rows else None},
               "notes": notes}
     print_table(report)
@@ -274,11 +285,7 @@ def add_arguments(p) -> None:
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--against", choices=[LLAMA_CPP_ROW], default=None,
                    help="also run the embedded model's GGUF through llama-cpp-python, if installed")
-    p.add_argument("--compile", action="store_true",
-                   help="add compiled rows (torch.compile; the cold start takes minutes)")
     p.add_argument("--decode-tokens", type=int, default=None, help="batch-1 tokens (default 128, 32 with --quick)")
     p.add_argument("--num-prompts", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-num-seqs", type=int, default=None,
-                   help="the engine's seats (default 64); with --compile, fewer seats = fewer buckets to compile "
-                        "(1: batch-1 decode only, a cold start of about half a minute per configuration)")
+    add_engine_arguments(p, device="cpu", dtype="float32")

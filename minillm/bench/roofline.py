@@ -16,14 +16,21 @@ over measured time.
 
     python -m minillm bench roofline [--model M] [--batch-sizes 1 8 32] [--context 512]
                                      [--backends torch cpu-kernel] [--plot FILE] [--json FILE] [--quick]
+                                     [engine flags: --dtype bfloat16, --quantization int8, ...]
+
+The engine flags are cli/engine_args.py's; the bench sets what its measurement needs itself
+(the KV pool, seats and length for each batch and context, no prefix caching, the backend of
+each row: `--attention-backend X` alone runs X's rows).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
 import torch
 
+from ..cli.engine_args import add_engine_arguments, engine_config_from_args
 from ..utils import cdiv
 
 from .ceiling import layer_matmul_params, matmul_flops_per_second, read_bandwidth_bytes_per_second
@@ -73,15 +80,19 @@ def available_backends(device: torch.device, dtype: torch.dtype) -> list[str]:
     return names
 
 
-def time_decode_step(model, tokenizer, backend: str, batch_size: int, context_len: int, repeats: int) -> float:
+def time_decode_step(model, tokenizer, backend: str, batch_size: int, context_len: int, repeats: int,
+                     config=None) -> float:
     """Median seconds of the engine runner's decode step (forward + logits) for `batch_size`
-    sequences of `context_len` cached tokens (the KV values do not change the work)."""
+    sequences of `context_len` cached tokens (the KV values do not change the work). `config`:
+    the other engine options (default: EngineConfig's)."""
+    from ..config import EngineConfig
     from ..engine.engine import LLMEngine
-    block_size = 16
+    config = config or EngineConfig()
+    block_size = config.block_size
     blocks_per_seq = cdiv(context_len + 1, block_size)
-    engine = LLMEngine(model, tokenizer, attention_backend=backend, block_size=block_size,
-                       num_kv_blocks=batch_size * blocks_per_seq + 1, max_num_seqs=batch_size,
-                       max_model_len=context_len + block_size, enable_prefix_caching=False)
+    engine = LLMEngine(model, tokenizer, dataclasses.replace(
+        config, attention_backend=backend, num_kv_blocks=batch_size * blocks_per_seq + 1, max_num_seqs=batch_size,
+        max_model_len=context_len + block_size, enable_prefix_caching=False))
     seqs = [FakeSequence(list(range(100 + i, 100 + i + context_len + 1)),
                          list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq))) for i in range(batch_size)]
     scheduled = [(s, 1) for s in seqs]
@@ -98,14 +109,14 @@ def time_decode_step(model, tokenizer, backend: str, batch_size: int, context_le
 
 
 def measure(model, tokenizer, batch_sizes, context_len: int, backends, repeats: int,
-            bandwidth: float, peak_flops: float) -> list[dict]:
+            bandwidth: float, peak_flops: float, config=None) -> list[dict]:
     rows, c = [], model.config
     for batch_size in batch_sizes:
         nbytes = decode_step_bytes(c, batch_size, context_len, model.dtype.itemsize)
         flops = decode_step_flops(c, batch_size, context_len)
         roof = roofline_seconds(nbytes["total"], flops, bandwidth, peak_flops)
         for backend in backends:
-            seconds = time_decode_step(model, tokenizer, backend, batch_size, context_len, repeats)
+            seconds = time_decode_step(model, tokenizer, backend, batch_size, context_len, repeats, config)
             rows.append({"batch_size": batch_size, "backend": backend, "bytes": nbytes, "flops": flops,
                          "intensity": flops / nbytes["total"],
                          "bound": "memory" if nbytes["total"] / bandwidth >= flops / peak_flops else "compute",
@@ -150,13 +161,15 @@ def main(args) -> dict:
     from ..models.loader import resolve_dtype
 
     torch.manual_seed(0)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = resolve_dtype(args.dtype, device)
+    config = engine_config_from_args(args)               # a bad flag fails here, before loading
+    device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = resolve_dtype(config.dtype, device)
     model, tokenizer = load_model(args.model, device=str(device), dtype=dtype)
     batch_sizes, context, repeats = args.batch_sizes, args.context, args.repeats
     if args.quick:
         batch_sizes, context, repeats = [b for b in batch_sizes if b <= 8] or [1], min(context, 64), 3
-    backends = args.backends or available_backends(device, dtype)
+    chosen = [config.attention_backend] if config.attention_backend != "auto" else None
+    backends = args.backends or chosen or available_backends(device, dtype)
     seconds = 0.2 if args.quick else 1.0
     bandwidth = read_bandwidth_bytes_per_second(device, 2 ** 26 if args.quick else None, seconds)
     peak = matmul_flops_per_second(device, 4096 if device.type == "cuda" else 1024, seconds, dtype)
@@ -164,7 +177,7 @@ def main(args) -> dict:
           f"{bandwidth / 1e9:.1f} GB/s, {str(dtype).split('.')[-1]} matmul {peak / 1e9:.0f} GFLOP/s", flush=True)
     print(f"{'batch':>5} {'backend':<11}{'MB moved':>9}{'GFLOP':>8}{'FLOP/B':>8}{'bound':>8}"
           f"{'roof ms':>9}{'step ms':>9}{'roofline':>10}")
-    rows = measure(model, tokenizer, batch_sizes, context, backends, repeats, bandwidth, peak)
+    rows = measure(model, tokenizer, batch_sizes, context, backends, repeats, bandwidth, peak, config)
     for r in rows:
         print(f"{r['batch_size']:>5} {r['backend']:<11}{r['bytes']['total'] / 1e6:>9.1f}{r['flops'] / 1e9:>8.2f}"
               f"{r['intensity']:>8.1f}{r['bound']:>8}{r['roofline_ms']:>9.2f}{r['measured_ms']:>9.2f}"
@@ -186,9 +199,8 @@ def add_arguments(p) -> None:
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--context", type=int, default=512, help="tokens already cached per sequence")
     p.add_argument("--backends", nargs="+", default=None, help="default: those that run on the device")
-    p.add_argument("--device", default=None)
-    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "float16", "bfloat16"))
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--plot", default=None, help="write the roofline chart here (PNG)")
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--quick", action="store_true", help="small batches and context for a smoke run")
+    add_engine_arguments(p)

@@ -13,7 +13,9 @@ Side by side in the same run (`--against transformers`), the same workload again
 folder, one server at a time, never both at once on a small machine.
 
     python -m minillm bench serve [--request-rate 1 4 inf] [--num-prompts 32] [--url URL]
-                                  [--against transformers] [--json FILE] [--quick]
+                                  [--against transformers] [--json FILE] [--quick] [engine flags]
+
+The engine flags (cli/engine_args.py) go to the `minillm serve` this bench starts.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import time
 
 import httpx
 
+from ..cli.engine_args import add_engine_arguments, engine_argv
 from .server_process import ServerProcess, free_port, minillm_command, transformers_command
 from .throughput import make_workload
 
@@ -126,6 +129,10 @@ def main(args) -> dict:
     from ..models import load_tokenizer
     from ..models.embedded import embedded_checkpoint_dir
 
+    flags = engine_argv(args)
+    if flags and args.url:
+        raise ValueError(f"engine flags ({' '.join(flags)}) configure the server bench serve starts; "
+                         "with --url it starts none")
     tokenizer = load_tokenizer(args.model)
     num = args.num_prompts or (8 if args.quick else 32)
     prompt_range, output_range = ((16, 64), (8, 32)) if args.quick else ((32, 512), (32, 256))
@@ -142,7 +149,7 @@ def main(args) -> dict:
         if url is None:
             folder = args.model_folder or str(embedded_checkpoint_dir())
             port = args.port or free_port()
-            command = (minillm_command(args.model, port) if name == "minillm"
+            command = (minillm_command(args.model, port, flags) if name == "minillm"
                        else transformers_command(folder, port))
             log = os.path.join(tempfile.gettempdir(), f"minillm-bench-{name}-{port}.log")
             server = ServerProcess(command, port, log=log)       # its output, for when it fails to start
@@ -207,3 +214,4 @@ def add_arguments(p) -> None:
     p.add_argument("--slo-tpot", type=float, default=0.5, help="seconds per output token")
     p.add_argument("--json", default=None)
     p.add_argument("--quick", action="store_true")
+    add_engine_arguments(p)

@@ -21,8 +21,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def minillm_command(model: str | None, port: int) -> list[str]:
-    return [sys.executable, "-m", "minillm", "serve", "--port", str(port)] + (["--model", model] if model else [])
+def minillm_command(model: str | None, port: int, engine_flags: list[str] = ()) -> list[str]:
+    """`minillm serve` on `port`; engine_flags: e.g. ["--max-num-seqs", "32"] (cli/engine_args.engine_argv)."""
+    return ([sys.executable, "-m", "minillm", "serve", "--port", str(port)] + (["--model", model] if model else [])
+            + list(engine_flags))
 
 
 def transformers_command(folder: str, port: int) -> list[str]:

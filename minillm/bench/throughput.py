@@ -11,9 +11,13 @@ setting): smaller steps keep each layer's intermediates in cache. Measured here,
 the whole workload took 31-33 s in 8192-token steps and 29-30 s in 2048-token steps.
 
     python -m minillm bench throughput [--model M] [--num-prompts 64] [--seed 0] [--json FILE] [--quick]
+                                       [engine flags: --quantization int8, --max-num-seqs 32, ...]
+
+The model loads in float32 unless --dtype says otherwise (the ceiling is a float32 matmul).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -21,6 +25,7 @@ import time
 
 import torch
 
+from ..cli.engine_args import add_engine_arguments, engine_config_from_args, engine_options
 from ..engine.engine import LLMEngine
 from .ceiling import matmul_flops_per_second, workload_flops
 from ..models import load_model
@@ -36,8 +41,8 @@ def make_workload(num_prompts: int, seed: int, vocab_size: int, prompt_range=(32
              rng.randint(*output_range)) for _ in range(num_prompts)]
 
 
-def run_minillm(model, tokenizer, workload, **engine_options) -> dict:
-    engine = LLMEngine(model, tokenizer, **engine_options)
+def run_minillm(model, tokenizer, workload, config=None, **options) -> dict:
+    engine = LLMEngine(model, tokenizer, config, **options)
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in workload]
     start = time.perf_counter()
     outs = engine.generate([p for p, _ in workload], params)
@@ -81,7 +86,8 @@ def background_load() -> float:
 
 def main(args) -> dict:
     torch.manual_seed(0)
-    model, tokenizer = load_model(args.model, device=args.device)
+    config = engine_config_from_args(args)               # a bad flag fails here, before loading
+    model, tokenizer = load_model(args.model, device=config.device, dtype=config.dtype)
     device = model.device
     if args.quick:
         workload = make_workload(args.num_prompts or 8, args.seed, model.config.vocab_size, (16, 64), (8, 32))
@@ -97,12 +103,11 @@ def main(args) -> dict:
           f"load/core at start {background_load():.2f}", flush=True)
     print(f"compute ceiling (float32 matmul, measured now): {ceiling / 1e9:.0f} GFLOP/s; "
           f"useful work of the workload: {useful / 1e12:.2f} TFLOP", flush=True)
-    options = dict(max_num_seqs=args.max_num_seqs, enable_chunked_prefill=True,
-                   max_num_batched_tokens=args.max_num_batched_tokens)
-    print(f"minillm engine options: {options}", flush=True)
+    options = dataclasses.asdict(config)
+    print(f"minillm engine options (the rest EngineConfig's defaults): {engine_options(args)}", flush=True)
     print(f"{'engine':<34}{'seconds':>10}{'output tok':>12}{'tok/s':>10}{'ceiling':>11}")
     results = []
-    for run in [lambda: run_minillm(model, tokenizer, workload, **options)] + \
+    for run in [lambda: run_minillm(model, tokenizer, workload, config)] + \
                [lambda bs=bs: run_transformers_static(hf, workload, bs, device) for bs in batch_sizes]:
         r = run()
         r["fraction_of_ceiling"] = useful / r["seconds"] / ceiling
@@ -126,9 +131,6 @@ def add_arguments(p) -> None:
     p.add_argument("--model", default=None)
     p.add_argument("--num-prompts", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048,
-                   help="tokens per engine step (chunked prefill)")
-    p.add_argument("--device", default=None)
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--quick", action="store_true", help="a small workload for a smoke run")
+    add_engine_arguments(p, dtype="float32")

@@ -1,4 +1,4 @@
-"""The terminal front ends: `python -m minillm generate` and `python -m minillm chat`.
+"""The terminal front ends: `python -m minillm chat`, and what it shares with `generate` (generate.py).
 
 Both run on the engine (not on lesson 02's loop) and print tokens as they come: each
 engine step returns the request's text so far, and only the new part is printed.
@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import sys
 
-from ..config import DTYPES
-from ..quant import quantization_names
 from ..sampling_params import SamplingParams
+from .engine_args import add_engine_arguments, engine_config_from_args
 
 
-def stream_engine(engine, request_id: str, prompt, params: SamplingParams, out=sys.stdout):
-    """Run one request on `engine`, writing its text as it grows; returns the final output."""
+def stream_engine(engine, request_id: str, prompt, params: SamplingParams, out=None):
+    """Run one request on `engine`, writing its text as it grows (to `out`, default: the
+    sys.stdout of the moment, not of import time); returns the final output."""
+    out = sys.stdout if out is None else out
     engine.add_request(request_id, prompt, params)
     shown, final = 0, None
     while final is None:
@@ -40,24 +41,17 @@ def params_from(args) -> SamplingParams:
 
 
 def make_engine(args):
+    """(engine, tokenizer) as the engine flags ask; a bad flag fails before the model loads."""
     from ..engine.engine import LLMEngine
     from ..models import load_model
-    model, tokenizer = load_model(args.model, device=args.device, dtype=getattr(args, "dtype", "auto"))
-    return LLMEngine(model, tokenizer, compile=getattr(args, "compile", False),
-                     quantization=getattr(args, "quantization", None)), tokenizer
+    config = engine_config_from_args(args)
+    model, tokenizer = load_model(args.model, device=config.device, dtype=config.dtype)
+    return LLMEngine(model, tokenizer, config), tokenizer
 
 
-def cmd_generate(args) -> int:
-    engine, tokenizer = make_engine(args)
-    prompt = (tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
-              if args.chat else args.prompt)
-    stream_engine(engine, "generate", prompt, params_from(args))
-    print()
-    return 0
-
-
-def cmd_chat(args, stdin=sys.stdin, out=sys.stdout) -> int:
+def cmd_chat(args, stdin=None, out=None) -> int:
     """An interactive multi-turn chat; an empty line or EOF ends it."""
+    stdin, out = sys.stdin if stdin is None else stdin, sys.stdout if out is None else out
     messages = [{"role": "system", "content": args.system}] if args.system else []
     reply = _openai_reply(args) if args.url else _engine_reply(args)
     out.write("minillm chat: type a message, an empty line to quit.\n")
@@ -106,6 +100,7 @@ def _openai_reply(args):
 
 
 def add_sampling_arguments(p) -> None:
+    """What `generate` and `chat` share: the model, the sampling flags and every engine flag."""
     p.add_argument("--model", default=None, help="model name, folder or hub id (default: embedded SmolLM2)")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -113,10 +108,14 @@ def add_sampling_arguments(p) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    p.add_argument("--dtype", choices=DTYPES, default="auto",
-                   help="auto (default): bfloat16 on GPUs that have it, float16 on older ones, float32 on CPU")
-    p.add_argument("--compile", action="store_true",
-                   help="run decode steps through torch.compile (slow first start; cached after)")
-    p.add_argument("--quantization", choices=quantization_names(), default=None,
-                   help="quantized linears: int8, int4 weight-only; w4a8 int4 weights x int8 activations (default: float)")
+    add_engine_arguments(p)
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--system", default=None, help="a system prompt")
+    p.add_argument("--url", default=None, help="talk to a running `minillm serve` at this URL instead")
+    p.add_argument("--api-key", default=None, help="the server's key, with --url")
+    add_sampling_arguments(p)
+
+
+main = cmd_chat
