@@ -16,33 +16,23 @@ engine uses the torch reference, which gives the same tokens.
 """
 from __future__ import annotations
 
-import ctypes
-import functools
 from pathlib import Path
 
 import torch
 
-from ..utils.c_kernels import build
+from ..utils.c_kernels import FLOAT, INT, PTR, CKernel, define_op
 from .paged import TorchPagedAttention
 
-SOURCE = Path(__file__).with_name("paged_attention.c")
+# paged_attention(q, k_cache, v_cache, block_tables, positions: pointers; num_tokens .. max_blocks:
+# six ints; scale, num_threads, out) -> nonzero when out of memory
+KERNEL = CKernel(Path(__file__).with_name("paged_attention.c"),
+                 {"paged_attention": ([PTR] * 5 + [INT] * 6 + [FLOAT, INT, PTR], INT)})
+__getattr__ = KERNEL.module_getattr(__name__)     # cpu_paged.load_error: why it did not build
 
 
-@functools.cache
 def load_kernel():
     """The compiled kernel as a ctypes function, or None (with the reason in `load_error`)."""
-    global load_error
-    lib, load_error = build(SOURCE)
-    if lib is None:
-        return None
-    fn = lib.paged_attention
-    P, I = ctypes.c_void_p, ctypes.c_int
-    fn.argtypes = [P, P, P, P, P, P, I, I, I, I, I, I, ctypes.c_float, I, P]
-    fn.restype = I
-    return fn
-
-
-load_error = ""
+    return KERNEL.function("paged_attention")
 
 
 def kernel_available() -> bool:
@@ -52,33 +42,22 @@ def kernel_available() -> bool:
 def run_kernel(kernel, q, k_cache, v_cache, block_tables, positions) -> torch.Tensor:
     """Call the C kernel: one query per row b, reading block-table row b up to positions[b]."""
     q, tables, positions = q.contiguous(), block_tables.contiguous(), positions.contiguous()
-    token_seq = torch.arange(q.shape[0], dtype=torch.long)        # query b reads table row b
     out = torch.empty_like(q)
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     failed = kernel(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
-                    token_seq.data_ptr(), positions.data_ptr(), q.shape[0], q.shape[1],
-                    num_kv_heads, head_dim, block_size, tables.shape[1], head_dim ** -0.5,
-                    torch.get_num_threads(), out.data_ptr())
+                    positions.data_ptr(), q.shape[0], q.shape[1], num_kv_heads, head_dim, block_size,
+                    tables.shape[1], head_dim ** -0.5, torch.get_num_threads(), out.data_ptr())
     if failed:
         raise MemoryError("paged attention kernel: out of memory for its score buffers")
     return out
 
 
-# The C kernel as a torch op, `torch.ops.minillm.paged_decode_attention(q, k_cache, v_cache,
-# block_tables, positions)`. Why: torch.compile cannot trace a ctypes call (it would break the
-# graph at every layer); an op with a fake implementation (below: the output's shape only) is
-# one opaque node of the compiled graph instead. Defined with torch.library.Library, not
-# @custom_op: the latter's dispatch costs ~40 us a call, ~10x more.
-_OPS = torch.library.Library("minillm", "FRAGMENT")
-_OPS.define("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
-            "Tensor positions) -> Tensor")
-_OPS.impl("paged_decode_attention",
-          lambda q, k, v, tables, positions: run_kernel(load_kernel(), q, k, v, tables, positions), "CPU")
-
-
-@torch.library.register_fake("minillm::paged_decode_attention")
-def _(q, k_cache, v_cache, block_tables, positions):
-    return torch.empty_like(q)
+# The kernel as a torch op, `torch.ops.minillm.paged_decode_attention(q, k_cache, v_cache,
+# block_tables, positions)`, so a compiled decode step keeps it in its graph (one node per layer).
+define_op("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
+          "Tensor positions) -> Tensor",
+          lambda q, k, v, tables, positions: run_kernel(load_kernel(), q, k, v, tables, positions),
+          lambda q, k, v, tables, positions: torch.empty_like(q))
 
 
 class CPUPagedAttention(TorchPagedAttention):
@@ -89,7 +68,7 @@ class CPUPagedAttention(TorchPagedAttention):
     def __init__(self):
         self.kernel = load_kernel()
         if self.kernel is None:
-            raise RuntimeError(f"the CPU paged-attention kernel could not be built: {load_error}")
+            raise RuntimeError(f"the CPU paged-attention kernel could not be built: {KERNEL.load_error}")
 
     @staticmethod
     def kernel_reads(q, k_cache, v_cache) -> bool:
@@ -100,7 +79,7 @@ class CPUPagedAttention(TorchPagedAttention):
     @classmethod
     def unusable_reason(cls, device, dtype) -> str | None:
         if load_kernel() is None:
-            return f"the CPU paged-attention kernel could not be built: {load_error}"
+            return f"the CPU paged-attention kernel could not be built: {KERNEL.load_error}"
         return None
 
     def fixed_shape_decode(self, device, dtype):

@@ -13,8 +13,8 @@
  *       out[i][h] = sum_t p[h][t] * v_cache[slot][h / G]
  *
  * Layouts (float32, contiguous): q and out [N, H, D]; caches [blocks, block_size, Hkv, D];
- * block_tables [B, max_blocks]; token_seq[i] is the sequence (row of block_tables) of
- * query i; positions[i] is its position in that sequence.
+ * block_tables [N, max_blocks]: query i reads row i (one query per sequence at decode);
+ * positions[i] is its position in that sequence.
  * Built and loaded by cpu_paged.py; any C99 compiler, OpenMP optional.
  */
 #include <math.h>
@@ -23,7 +23,7 @@
 #include <string.h>
 
 int paged_attention(const float *q, const float *k_cache, const float *v_cache,
-                    const int64_t *block_tables, const int64_t *token_seq, const int64_t *positions,
+                    const int64_t *block_tables, const int64_t *positions,
                     int num_tokens, int num_heads, int num_kv_heads, int head_dim, int block_size,
                     int max_blocks, float scale, int num_threads, float *out) {
     const int G = num_heads / num_kv_heads, D = head_dim, H = num_heads;
@@ -37,7 +37,7 @@ int paged_attention(const float *q, const float *k_cache, const float *v_cache,
         float *acc = calloc((size_t)H * D, sizeof(float));
         if (!score || !acc) { free(score); free(acc); failed = 1; continue; }
         const float *qi = q + (int64_t)i * H * D;
-        const int64_t *table = block_tables + token_seq[i] * max_blocks;
+        const int64_t *table = block_tables + (int64_t)i * max_blocks;
 
         for (int j = 0; j < num_blocks; j++) {                  /* scores: q . k, block by block */
             const float *block = k_cache + table[j] * block_size * row;

@@ -10,49 +10,44 @@ next to this one.
 packed copy of the weight, used when the batch is small, float32 and on the CPU; anything
 else (prefill chunks, CUDA, other dtypes, no C compiler) goes to F.linear. Writing to the
 weight (load_state_dict, an in-place edit) repacks the copy on the next call.
+
+The panel layout (`PANEL`, `to_panels`) is also the one of quant/'s int8, int4 and w4a8 kernels.
 """
 from __future__ import annotations
 
-import ctypes
-import functools
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..utils.c_kernels import build
+from ..utils.c_kernels import INT, MATMUL_FLAGS, PTR, CKernel, define_op
 
-SOURCE = Path(__file__).with_name("small_batch_linear.c")
-PANEL = 32          # output columns per panel: P in the C file
+PANEL = 32          # output columns per panel: P in the C file (and in quant/'s kernels)
 MAX_ROWS = 64       # above this MKL's blocked GEMM is as fast (layer shapes, 128 rows: 158 vs 157 GFLOP/s)
 MIN_WEIGHTS = 1 << 19   # smaller weights stay with MKL: at 40 rows it was faster on SmolLM2's
                         # 576x576 and 192x576 projections, slower on 1536x576, 576x1536 and the head
 
+KERNEL = CKernel(Path(__file__).with_name("small_batch_linear.c"),
+                 {"small_batch_linear": ([PTR, INT, INT, PTR, INT, PTR, INT], None)}, MATMUL_FLAGS)
+__getattr__ = KERNEL.module_getattr(__name__)     # cpu_linear.load_error: why it did not build
 
-@functools.cache
+
 def load_kernel():
     """The compiled kernel as a ctypes function, or None (with the reason in `load_error`)."""
-    global load_error
-    lib, load_error = build(SOURCE, ("-mprefer-vector-width=512", "-ffp-contract=fast"))
-    if lib is None:
-        lib, load_error = build(SOURCE)       # a compiler that does not know the flag
-    if lib is None:
-        return None
-    fn = lib.small_batch_linear
-    P, I = ctypes.c_void_p, ctypes.c_int
-    fn.argtypes = [P, I, I, P, I, P, I]
-    fn.restype = None
-    return fn
+    return KERNEL.function("small_batch_linear")
 
 
-load_error = ""
+def to_panels(t: torch.Tensor) -> torch.Tensor:
+    """[N, X] -> [N / PANEL, X, PANEL]: panel p holds rows p*PANEL.. of t (output columns
+    p*PANEL.. of a weight), one input after another. The layout of every linear C kernel here."""
+    n, x = t.shape
+    return t.detach().reshape(n // PANEL, PANEL, x).transpose(1, 2).contiguous()
 
 
-def pack_panels(weight: torch.Tensor) -> torch.Tensor:
-    """[N, K] -> [N / PANEL, K, PANEL]: panel p holds output columns p*PANEL.. for every input k."""
-    n, k = weight.shape
-    return weight.detach().reshape(n // PANEL, PANEL, k).transpose(1, 2).contiguous()
+def panel_output(x: torch.Tensor, panels: torch.Tensor, *weights) -> torch.Tensor:
+    """An empty [M, N] output of x times weights in panels: the fake of every panel-matmul op."""
+    return x.new_empty(x.shape[0], panels.shape[0] * PANEL)
 
 
 class PanelLinear(nn.Module):
@@ -64,7 +59,7 @@ class PanelLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight
         self.register_parameter("bias", linear.bias)
-        self.register_buffer("panels", pack_panels(linear.weight), persistent=False)
+        self.register_buffer("panels", to_panels(linear.weight), persistent=False)
         self.packed_from = self._weight_identity()
         self.kernel = kernel
 
@@ -86,7 +81,7 @@ class PanelLinear(nn.Module):
             y = torch.ops.minillm.panel_linear(x, self.panels)   # (weights are fixed while serving)
         else:
             if self._weight_identity() != self.packed_from:
-                self.panels = pack_panels(self.weight)
+                self.panels = to_panels(self.weight)
                 self.packed_from = self._weight_identity()
             y = run_kernel(self.kernel, x, self.panels)
         return y if self.bias is None else y + self.bias
@@ -101,18 +96,9 @@ def run_kernel(kernel, x: torch.Tensor, panels: torch.Tensor) -> torch.Tensor:
     return y
 
 
-# The packed small-batch matmul as a torch op, so torch.compile (compiled_decode.py) calls it
-# inside its graph instead of breaking the graph at each ctypes call. Defined with
-# torch.library.Library, not @custom_op: the latter's dispatch costs ~40 us a call, ~10x more.
-_OPS = torch.library.Library("minillm", "FRAGMENT")
-_OPS.define("panel_linear(Tensor x, Tensor panels) -> Tensor")
-_OPS.impl("panel_linear", lambda x, panels: run_kernel(load_kernel(), x, panels), "CPU")
-
-
-@torch.library.register_fake("minillm::panel_linear")
-def _(x, panels):
-    """What the compiler needs to know of the op: the output's shape and dtype."""
-    return x.new_empty(x.shape[0], panels.shape[0] * PANEL)
+# A torch op, so a compiled decode step (compiled_decode.py) keeps the kernel in its graph.
+define_op("panel_linear(Tensor x, Tensor panels) -> Tensor",
+          lambda x, panels: run_kernel(load_kernel(), x, panels), panel_output)
 
 
 def use_panel_linears(model: nn.Module) -> int:

@@ -5,44 +5,25 @@ Why our own: torch's packed weight-only CPU matmuls (`aten._weight_int8pack_mm`,
 with float32 activations they take a scalar path, 10-25x slower than float32 F.linear at
 batch 1 (speed.py's docstring has the figures). These kernels take float32 activations.
 No C compiler: `load_kernels()` returns None and the layers use torch's paths.
+
+The weights are laid out in PanelLinear's panels (models/cpu_linear.py: `PANEL`, `to_panels`).
 """
 from __future__ import annotations
 
-import ctypes
-import functools
 from pathlib import Path
 
 import torch
 
-from ..utils.c_kernels import build
+from ..models.cpu_linear import PANEL, panel_output, to_panels
+from ..models.cpu_linear import MAX_ROWS  # noqa: F401  int8/int4.py: above it, dequantize + MKL's GEMM (not tuned here)
+from ..utils.c_kernels import INT, MATMUL_FLAGS, PTR, CKernel, define_op
 
-SOURCE = Path(__file__).with_name("quantized_linear.c")
-PANEL = 32          # output columns per panel: P in the C file
-MAX_ROWS = 64       # above this, dequantize + MKL's GEMM (PanelLinear's cut-off; not tuned here)
-
-load_error = ""
-
-
-@functools.cache
-def load_kernels():
-    """The C library with int8_linear and int4_linear typed for ctypes, or None (reason in `load_error`)."""
-    global load_error
-    lib, load_error = build(SOURCE, ("-mprefer-vector-width=512", "-ffp-contract=fast"))
-    if lib is None:
-        lib, load_error = build(SOURCE)
-    if lib is None:
-        return None
-    ptr, i32 = ctypes.c_void_p, ctypes.c_int
-    lib.int8_linear.argtypes = [ptr, i32, i32, ptr, ptr, i32, ptr, i32]
-    lib.int4_linear.argtypes = [ptr, i32, i32, ptr, ptr, ptr, i32, i32, ptr, i32]
-    lib.int8_linear.restype = lib.int4_linear.restype = None
-    return lib
-
-
-def to_panels(t: torch.Tensor) -> torch.Tensor:
-    """[N, X] -> [N / PANEL, X, PANEL]: panel p holds rows p*PANEL.. of t, one column after another."""
-    n, x = t.shape
-    return t.reshape(n // PANEL, PANEL, x).transpose(1, 2).contiguous()
+KERNEL = CKernel(Path(__file__).with_name("quantized_linear.c"), {
+    "int8_linear": ([PTR, INT, INT, PTR, PTR, INT, PTR, INT], None),
+    "int4_linear": ([PTR, INT, INT, PTR, PTR, PTR, INT, INT, PTR, INT], None),
+}, MATMUL_FLAGS)
+load_kernels = KERNEL.load        # the library (int8_linear, int4_linear) or None
+__getattr__ = KERNEL.module_getattr(__name__)     # kernels.load_error: why it did not build
 
 
 def pack_int4_panels(codes: torch.Tensor) -> torch.Tensor:
@@ -76,20 +57,7 @@ def int4_matmul(x: torch.Tensor, panels: torch.Tensor, scale_panels: torch.Tenso
     return y
 
 
-# The two kernels as torch ops, so a compiled decode step (compiled_decode.py) calls them inside
-# its graph instead of breaking it at each ctypes call (as models/cpu_linear.py does for float32).
-_OPS = torch.library.Library("minillm", "FRAGMENT")
-_OPS.define("int8_linear(Tensor x, Tensor panels, Tensor scale) -> Tensor")
-_OPS.define("int4_linear(Tensor x, Tensor panels, Tensor scale_panels, Tensor minimum_panels, int group_size) -> Tensor")
-_OPS.impl("int8_linear", int8_matmul, "CPU")
-_OPS.impl("int4_linear", int4_matmul, "CPU")
-
-
-@torch.library.register_fake("minillm::int8_linear")
-def _(x, panels, scale):
-    return x.new_empty(x.shape[0], panels.shape[0] * PANEL)
-
-
-@torch.library.register_fake("minillm::int4_linear")
-def _(x, panels, scale_panels, minimum_panels, group_size):
-    return x.new_empty(x.shape[0], panels.shape[0] * PANEL)
+# The two kernels as torch ops, so a compiled decode step (compiled_decode.py) keeps them in its graph.
+define_op("int8_linear(Tensor x, Tensor panels, Tensor scale) -> Tensor", int8_matmul, panel_output)
+define_op("int4_linear(Tensor x, Tensor panels, Tensor scale_panels, Tensor minimum_panels, int group_size) "
+          "-> Tensor", int4_matmul, panel_output)

@@ -36,36 +36,27 @@ own int4 CPU op takes a scalar path with float32 activations (speed.py: 5.3 ms f
 """
 from __future__ import annotations
 
-import ctypes
-import functools
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from ..utils.c_kernels import build
-from . import kernels
+from ..models.cpu_linear import PANEL, panel_output
+from ..utils.c_kernels import INT, PTR, CKernel, define_op
 from .int4 import Int4Linear
 from .reference import ACTIVATION_BLOCK, fake_quantize_activations
 
 SOURCE = Path(__file__).with_name("w4a8_linear.c")
+FUNCTIONS = {"w4a8_linear": ([PTR, INT, INT, PTR, PTR, PTR, INT, INT, PTR, INT], INT), "w4a8_has_vnni": ([], INT)}
+KERNEL = CKernel(SOURCE, FUNCTIONS)
+PORTABLE = CKernel(SOURCE, FUNCTIONS, ("-mno-avx512vnni",))    # the plain C loop, even where VNNI is
+__getattr__ = KERNEL.module_getattr(__name__)     # w4a8.load_error: why it did not build
 
-load_error = ""
 
-
-@functools.cache
 def load_w4a8_kernel(portable: bool = False):
     """The C library (w4a8_linear, w4a8_has_vnni) or None (reason in `load_error`). `portable`
     builds it without VNNI, so the plain C path is tested on machines that have VNNI."""
-    global load_error
-    lib, load_error = build(SOURCE, ("-mno-avx512vnni",) if portable else ())
-    if lib is None:
-        return None
-    ptr, i32 = ctypes.c_void_p, ctypes.c_int
-    lib.w4a8_linear.argtypes = [ptr, i32, i32, ptr, ptr, ptr, i32, i32, ptr, i32]
-    lib.w4a8_linear.restype = i32
-    lib.w4a8_has_vnni.restype = i32
-    return lib
+    return (PORTABLE if portable else KERNEL).load()
 
 
 def pack_w4a8_panels(codes: torch.Tensor) -> torch.Tensor:
@@ -74,7 +65,7 @@ def pack_w4a8_panels(codes: torch.Tensor) -> torch.Tensor:
     n, k = codes.shape
     eights = codes.reshape(n, k // 8, 2, 4)                      # [N, K/8, low|high, j]
     bytes_ = eights[:, :, 0] | (eights[:, :, 1] << 4)             # [N, K/8, 4]
-    return bytes_.reshape(n // kernels.PANEL, kernels.PANEL, k // 8, 4).transpose(1, 2).contiguous()
+    return bytes_.reshape(n // PANEL, PANEL, k // 8, 4).transpose(1, 2).contiguous()
 
 
 def w4a8_matmul(x: torch.Tensor, panels: torch.Tensor, scale_panels: torch.Tensor,
@@ -87,7 +78,7 @@ def w4a8_matmul(x: torch.Tensor, panels: torch.Tensor, scale_panels: torch.Tenso
         raise ValueError(f"w4a8_linear takes float32 [M, K] with K a multiple of group_size and group_size "
                          f"of {ACTIVATION_BLOCK}; got {x.dtype} [{m}, {k}], group_size {group_size}")
     x = x.contiguous()
-    n = panels.shape[0] * kernels.PANEL
+    n = panels.shape[0] * PANEL
     y = torch.empty(m, n, dtype=torch.float32)
     if (lib or load_w4a8_kernel()).w4a8_linear(
             x.data_ptr(), m, k, panels.data_ptr(), scale_panels.data_ptr(), minimum_panels.data_ptr(),
@@ -96,14 +87,9 @@ def w4a8_matmul(x: torch.Tensor, panels: torch.Tensor, scale_panels: torch.Tenso
     return y
 
 
-_OPS = torch.library.Library("minillm", "FRAGMENT")
-_OPS.define("w4a8_linear(Tensor x, Tensor panels, Tensor scale_panels, Tensor minimum_panels, int group_size) -> Tensor")
-_OPS.impl("w4a8_linear", w4a8_matmul, "CPU")
-
-
-@torch.library.register_fake("minillm::w4a8_linear")
-def _(x, panels, scale_panels, minimum_panels, group_size):
-    return x.new_empty(x.shape[0], panels.shape[0] * kernels.PANEL)
+# A torch op, so a compiled decode step (compiled_decode.py) keeps the kernel in its graph.
+define_op("w4a8_linear(Tensor x, Tensor panels, Tensor scale_panels, Tensor minimum_panels, int group_size) "
+          "-> Tensor", w4a8_matmul, panel_output)
 
 
 class W4A8Linear(Int4Linear):

@@ -1,10 +1,13 @@
-"""Build a small C file once with the system C compiler and load it with ctypes.
+"""A small C kernel, declared once: built with the system C compiler, loaded with ctypes, made a torch op.
 
-The CPU kernels (paged attention, the small-batch linear) are single C files next to
-the Python that calls them. Each is compiled on first use into the minillm cache,
-keyed by its source, the flags, the compiler and this CPU, so an edit or a new
-machine rebuilds it and everything else reuses the file. No compiler: `build`
-returns None with the reason, and the caller takes its torch path.
+The CPU kernels (paged attention, the linears of models/ and quant/) are single C files next to
+the Python that calls them. Each declares itself as a `CKernel`: its source, the C functions
+Python calls with their ctypes types, and any compiler flags it prefers. On first `load()` it
+is compiled into the minillm cache, keyed by its source, the flags, the compiler and this CPU,
+so an edit or a new machine rebuilds it and everything else reuses the file. No compiler:
+`load()` returns None, `load_error` says why, and the caller takes its torch path.
+
+`define_op` then makes the Python wrapper a torch op, so torch.compile keeps it in its graph.
 """
 from __future__ import annotations
 
@@ -17,10 +20,16 @@ import sys
 import tempfile
 from pathlib import Path
 
+import torch
+
 from .paths import cache_dir
 
 # Best first: vectorized for this machine and multi-threaded, then more portable builds.
 FLAG_SETS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-fopenmp"], ["-O3"])
+# The linear kernels' extra flags: full-width AVX-512 registers, multiply-adds fused.
+MATMUL_FLAGS = ("-mprefer-vector-width=512", "-ffp-contract=fast")
+# ctypes types of the C arguments: a tensor's data_ptr(), an int, a float.
+PTR, INT, FLOAT = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 
 
 def _this_cpu() -> str:
@@ -58,3 +67,63 @@ def build(source: Path, extra_flags: tuple[str, ...] = ()) -> tuple[ctypes.CDLL 
             detail = getattr(e, "stderr", b"") or b""
             errors.append(f"{' '.join(flags)}: {e} {detail.decode(errors='replace')[-300:]}".strip())
     return None, "; ".join(errors)
+
+
+class CKernel:
+    """One C file and the functions Python calls in it, built and typed on the first `load()`.
+
+    functions: C name -> (argument types, return type), e.g. {"f": ([PTR, INT], None)}: ctypes
+    passes exactly these (a wrong count or type would be undefined behaviour in C).
+    flags: extra compiler flags, preferred; a compiler that refuses them gets a build without.
+    """
+
+    def __init__(self, source: Path, functions: dict[str, tuple[list, type | None]], flags: tuple[str, ...] = ()):
+        self.source, self.functions, self.flags = Path(source), functions, tuple(flags)
+        self.load_error = ""            # why the last load failed ("" when it did not)
+        self._lib, self._tried = None, False
+
+    def load(self) -> ctypes.CDLL | None:
+        """The library, its functions typed (`lib.name(...)`), or None (the reason in `load_error`)."""
+        if not self._tried:
+            lib, self.load_error = build(self.source, self.flags)
+            if lib is None and self.flags:
+                lib, self.load_error = build(self.source)
+            if lib is not None:
+                for name, (argtypes, restype) in self.functions.items():
+                    fn = getattr(lib, name)             # ctypes keeps this object: the types stay set
+                    fn.argtypes, fn.restype = argtypes, restype
+            self._lib, self._tried = lib, True
+        return self._lib
+
+    def function(self, name: str):
+        """One typed C function of the library, or None if it could not be built."""
+        lib = self.load()
+        return None if lib is None else getattr(lib, name)
+
+    def module_getattr(self, module: str):
+        """A module's `__getattr__` (PEP 562): `module.load_error` reads this kernel's, current."""
+        def __getattr__(name):
+            if name == "load_error":
+                return self.load_error
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        return __getattr__
+
+
+# torch.ops.minillm.*: every kernel's op lives in this one namespace.
+_OPS = torch.library.Library("minillm", "FRAGMENT")
+
+
+def define_op(schema: str, cpu_impl, fake_impl) -> None:
+    """Make `torch.ops.minillm.<name>` from a schema such as "name(Tensor x, int n) -> Tensor":
+    `cpu_impl` runs it on CPU tensors; `fake_impl` returns an empty output of the right shape
+    and dtype, all torch.compile needs to know of it.
+
+    Why an op: torch.compile cannot trace a ctypes call (it would break its graph at every
+    layer); an op with a fake implementation is one opaque node of the graph instead. Why
+    torch.library.Library and not @torch.library.custom_op: the latter's dispatch costs
+    ~40 us a call, ~10x more.
+    """
+    name = schema.split("(", 1)[0]
+    _OPS.define(schema)
+    _OPS.impl(name, cpu_impl, "CPU")
+    torch.library.register_fake(f"minillm::{name}", fake_impl, lib=_OPS)
