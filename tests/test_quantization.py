@@ -210,7 +210,8 @@ def test_bad_quantization_values_are_refused_at_the_door(bad):
 def test_engine_reports_and_bfloat16_runs():
     model, tokenizer = tiny_copy()
     engine = LLMEngine(model, tokenizer, quantization="int4", dtype="bfloat16", num_kv_blocks=64)
-    assert engine.stats()["quantization"] == "int4" and model.dtype == torch.bfloat16
+    assert engine.stats()["quantization"] == "int4" and engine.model.dtype == torch.bfloat16
+    assert model.dtype == torch.float32 and getattr(model, "quantization", None) is None     # its own tree
     out = engine.generate(["Once upon a time"], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 5
     assert LLMEngine(*tiny_copy(), num_kv_blocks=64).stats()["quantization"] is None

@@ -25,7 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from .async_engine import AsyncEngine, RequestStream
 from .errors import APIError, error_body, install_error_handlers
-from .guards import DEFAULT_MAX_BODY_BYTES, Guards
+from .guards import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES, Guards
 from .protocol import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
                        ChatCompletionResponse, CompletionChoice, CompletionRequest, CompletionResponse, Delta,
                        ModelCard, ModelList)
@@ -37,7 +37,8 @@ log = logging.getLogger("minillm.server")
 
 def build_app(engine, model_name: str, *, api_key: str | None = None,
               max_request_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-              max_waiting_requests: int | None = None, stream_cls: type = RequestStream) -> FastAPI:
+              max_waiting_requests: int | None = None, stream_cls: type = RequestStream,
+              body_timeout: float = DEFAULT_BODY_TIMEOUT) -> FastAPI:
     """An app serving `engine` (an LLMEngine, which the app now owns) as `model_name`.
     `stream_cls`: a RequestStream subclass for each request's stream (lesson 07's seam)."""
     front = AsyncEngine(engine, max_waiting_requests, stream_cls)
@@ -54,7 +55,7 @@ def build_app(engine, model_name: str, *, api_key: str | None = None,
 
     app = FastAPI(title="minillm", lifespan=lifespan)
     app.state.served = served
-    app.add_middleware(Guards, api_key=api_key, max_body_bytes=max_request_body_bytes)
+    app.add_middleware(Guards, api_key=api_key, max_body_bytes=max_request_body_bytes, body_timeout=body_timeout)
     install_error_handlers(app)
 
     @app.get("/health")
@@ -74,7 +75,8 @@ def build_app(engine, model_name: str, *, api_key: str | None = None,
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
         check_options(req, served)
-        gen = await start(served, request, req, completion_prompts(req, served.tokenizer), req.max_tokens, "cmpl")
+        prompts = await completion_prompts(req, served.tokenizer, front.max_model_len)
+        gen = await start(served, request, req, prompts, req.max_tokens, "cmpl")
         now = int(time.time())
 
         def response(choices, usage=None):
@@ -109,7 +111,8 @@ def build_app(engine, model_name: str, *, api_key: str | None = None,
             k_top = req.logprobs_k()
         except ValueError as e:
             raise APIError(400, str(e), "top_logprobs") from None
-        gen = await start(served, request, req, chat_prompt(req, served.tokenizer), max_tokens, "chatcmpl")
+        prompts = await chat_prompt(req, served.tokenizer, front.max_model_len)
+        gen = await start(served, request, req, prompts, max_tokens, "chatcmpl")
         now = int(time.time())
 
         if req.stream:

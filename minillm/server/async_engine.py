@@ -22,6 +22,9 @@ import logging
 import queue
 import threading
 
+from .errors import APIError
+from .limits import default_max_waiting_requests
+
 log = logging.getLogger("minillm.server")
 
 
@@ -85,9 +88,12 @@ class AsyncEngine:
     (lesson 07 plugs the learner's in here, through `build_app(..., stream_cls=...)`)."""
 
     def __init__(self, engine, max_waiting_requests: int | None = None, stream_cls: type = RequestStream):
+        """max_waiting_requests: sequences that may wait at once (a request's prompts x n count);
+        None: limits.default_max_waiting_requests, sized from the KV pool."""
         self.engine = engine                      # touched by the loop thread only
         self.max_model_len = engine.max_model_len  # constant: safe to read anywhere
-        self.max_waiting_requests = max_waiting_requests
+        self.max_waiting_requests = (default_max_waiting_requests(engine) if max_waiting_requests is None
+                                     else max_waiting_requests)
         self.stream_cls = stream_cls
         self.snapshot: dict = {}                  # the engine's gauges after the latest step
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -112,6 +118,11 @@ class AsyncEngine:
     @property
     def is_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    def end_all(self, error: Exception) -> None:
+        """End every request in flight with `error` (the shutdown deadline passed); each
+        stream reports it to its client. Thread-safe: the loop thread does the work."""
+        self.send(("end_all", error))
 
     def send(self, command: tuple) -> None:
         self._commands.put(command)
@@ -146,7 +157,7 @@ class AsyncEngine:
             except Exception as e:          # the engine fails requests itself; this is a bug
                 log.exception("the engine loop failed; failing every request in flight")
                 self._fail_all(e)
-        self._fail_all(RuntimeError("the server is shutting down"))
+        self._fail_all(APIError(503, "the server is shutting down", code="server_shutdown"))
 
     def _fail_all(self, error: Exception) -> None:
         for rid, stream in list(self._streams.items()):
@@ -162,6 +173,10 @@ class AsyncEngine:
                 return
             if command == "add":
                 self._add(arg)
+            elif command == "end_all":
+                for rid in self._streams:
+                    log.warning("request %s ended: %s", rid, arg)
+                self._fail_all(arg)
             else:
                 for rid in arg:
                     self._streams.pop(rid, None)
@@ -169,9 +184,10 @@ class AsyncEngine:
 
     def _add(self, stream: RequestStream) -> None:
         limit, waiting = self.max_waiting_requests, len(self.engine.scheduler.waiting)
-        if limit is not None and waiting + len(stream.prompts) > limit:
-            stream.deliver(("rejected", QueueFull(f"{waiting} requests are waiting already "
-                                                  f"(max_waiting_requests={limit}); retry later")))
+        asked = sum(p.n for p in stream.params)
+        if waiting + asked > limit:
+            stream.deliver(("rejected", QueueFull(f"{waiting} sequences are waiting already and this request "
+                                                  f"adds {asked} (max_waiting_requests={limit}); retry later")))
             return
         added = []
         try:

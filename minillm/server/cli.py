@@ -12,7 +12,8 @@ import os
 import sys
 
 from ..cli.engine_args import add_engine_arguments, engine_config_from_args, engine_options
-from .guards import DEFAULT_MAX_BODY_BYTES
+from .guards import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES
+from .run import Timeouts
 
 __all__ = ["add_arguments", "engine_options", "main"]      # engine_options: engine_args's, for callers
 
@@ -26,7 +27,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="require 'Authorization: Bearer KEY' on /v1 (default: $MINILLM_API_KEY)")
     p.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
     p.add_argument("--max-waiting-requests", type=int, default=None,
-                   help="answer 503 when this many requests wait already (default: unbounded)")
+                   help="answer 503 when this many sequences wait already (a request's prompts x n count; "
+                        "default: max(256, the KV pool's blocks))")
+    p.add_argument("--shutdown-timeout", type=float, default=Timeouts.shutdown,
+                   help="seconds requests in flight get after SIGTERM/SIGINT; then they end with an error")
+    p.add_argument("--header-timeout", type=float, default=Timeouts.header,
+                   help="seconds a client has to send a request's headers")
+    p.add_argument("--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT,
+                   help="seconds a client has to send a request's body")
+    p.add_argument("--timeout-keep-alive", type=float, default=Timeouts.keep_alive,
+                   help="an idle keep-alive connection is closed after this many seconds")
     add_engine_arguments(p)
 
 
@@ -41,15 +51,18 @@ def main(args) -> int:
 
     if args.max_request_body_bytes < 1 or (args.max_waiting_requests is not None and args.max_waiting_requests < 0):
         raise ValueError("--max-request-body-bytes must be >= 1 and --max-waiting-requests >= 0")
+    timeouts = Timeouts(args.shutdown_timeout, args.header_timeout, args.timeout_keep_alive)
+    if min(timeouts.shutdown, timeouts.header, timeouts.keep_alive, args.body_timeout) <= 0:
+        raise ValueError("--shutdown-timeout, --header-timeout, --body-timeout and --timeout-keep-alive must be > 0")
     torch.set_grad_enabled(False)
     config = engine_config_from_args(args)                   # a bad option fails here, before loading
     model, tokenizer = load_model(args.model, device=config.device, dtype=config.dtype)
     engine = LLMEngine(model, tokenizer, config)
     name = args.served_model_name or args.model or DEFAULT_MODEL
     app = build_app(engine, name, api_key=args.api_key, max_request_body_bytes=args.max_request_body_bytes,
-                    max_waiting_requests=args.max_waiting_requests)
+                    max_waiting_requests=args.max_waiting_requests, body_timeout=args.body_timeout)
     try:
-        serve(app, args.host, args.port)
+        serve(app, args.host, args.port, timeouts)
     except OSError as e:                                     # e.g. the port is taken
         print(f"error: cannot listen on {args.host}:{args.port}: {e.strerror or e}", file=sys.stderr)
         return 2

@@ -1,4 +1,5 @@
-"""Checks at the door, before any route runs: the API key, and the request body's size.
+"""Checks at the door, before any route runs: the API key, the request body's size and how
+long it takes to arrive.
 
 A plain ASGI middleware (a callable that wraps the app), so it sees a request before
 FastAPI reads or parses anything: a wrong key is a 401 even when the body is not JSON,
@@ -6,17 +7,21 @@ and an oversized body is refused (413) without ever being held in memory whole.
 """
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 
 from .errors import error_body
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+DEFAULT_BODY_TIMEOUT = 30.0      # seconds for a whole request body (a slow client holds a handler)
 
 
 class Guards:
-    def __init__(self, app, api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+    def __init__(self, app, api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 body_timeout: float = DEFAULT_BODY_TIMEOUT):
         self.app, self.api_key, self.max_body_bytes = app, api_key, max_body_bytes
+        self.body_timeout = body_timeout
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -28,17 +33,28 @@ class Guards:
         length = headers.get(b"content-length", b"0")
         if not length.isdigit() or int(length) > self.max_body_bytes:
             return await self._too_large(send)
+        try:
+            body = await asyncio.wait_for(self._read_body(receive), self.body_timeout)
+        except asyncio.TimeoutError:
+            return await reply(send, 408, f"the request body did not arrive within {self.body_timeout:g} s",
+                               code="request_timeout")
+        if body is None:                       # the client left
+            return
+        if len(body) > self.max_body_bytes:
+            return await self._too_large(send)
+        return await self.app(scope, replay(body, receive), send)
+
+    async def _read_body(self, receive) -> bytes | None:
+        """The whole body, counting as it comes (chunked bodies too); stops reading past the limit."""
         body, size, more = [], 0, True
-        while more:                            # read the body here, counting (chunked bodies too)
+        while more and size <= self.max_body_bytes:
             message = await receive()
             if message["type"] == "http.disconnect":
-                return
+                return None
             body.append(message.get("body", b""))
             size += len(body[-1])
             more = message.get("more_body", False)
-            if size > self.max_body_bytes:
-                return await self._too_large(send)
-        return await self.app(scope, replay(b"".join(body), receive), send)
+        return b"".join(body)
 
     def _authorized(self, headers: dict) -> bool:
         given = headers.get(b"authorization", b"")

@@ -22,6 +22,7 @@ from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from .async_engine import AsyncEngine, QueueFull, RequestStream
 from .errors import APIError, bad_request
+from .limits import MAX_MESSAGES, check_prompt_count, check_text_fits, off_the_loop
 from .metrics import Metrics
 from .protocol import ChatCompletionRequest, CompletionRequest, PromptTokensDetails, SamplingFields, Usage
 
@@ -45,22 +46,32 @@ def check_options(req: SamplingFields, served: Served) -> None:
         raise APIError(400, "stream_options is only allowed when stream is true", "stream_options")
 
 
-def completion_prompts(req: CompletionRequest, tokenizer) -> list[list[int]]:
-    """A string, a list of strings, a list of token ids or a list of them -> token id lists."""
+async def completion_prompts(req: CompletionRequest, tokenizer, max_model_len: int) -> list[list[int]]:
+    """A string, a list of strings, a list of token ids or a list of them -> token id lists.
+    Counts and sizes are checked first (limits.py); tokenizing runs off the event loop."""
     p = req.prompt
     if isinstance(p, list) and not p:
         raise APIError(400, "prompt must not be an empty list", "prompt")
     if isinstance(p, str) or isinstance(p[0], str):
+        texts = [p] if isinstance(p, str) else p
+        check_prompt_count(len(texts))
+        check_text_fits(texts, tokenizer, max_model_len, "prompt")
         try:
-            return [tokenizer.encode(text) for text in ([p] if isinstance(p, str) else p)]
+            return await off_the_loop(lambda: [tokenizer.encode(text) for text in texts])
         except ValueError as e:
             raise APIError(400, str(e), "prompt") from None
-    return [p] if isinstance(p[0], int) else list(p)
+    prompts = [p] if isinstance(p[0], int) else list(p)
+    check_prompt_count(len(prompts))
+    return prompts
 
 
-def chat_prompt(req: ChatCompletionRequest, tokenizer) -> list[list[int]]:
+async def chat_prompt(req: ChatCompletionRequest, tokenizer, max_model_len: int) -> list[list[int]]:
+    if len(req.messages) > MAX_MESSAGES:
+        raise APIError(400, f"messages holds {len(req.messages)} entries; at most {MAX_MESSAGES}", "messages")
+    messages = [m.as_template_input() for m in req.messages]
+    check_text_fits([m["content"] for m in messages], tokenizer, max_model_len, "messages")
     try:
-        return [tokenizer.apply_chat_template([m.as_template_input() for m in req.messages])]
+        return [await off_the_loop(tokenizer.apply_chat_template, messages)]
     except (ValueError, TypeError) as e:
         raise APIError(400, str(e), "messages") from None
 
