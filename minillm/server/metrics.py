@@ -40,6 +40,12 @@ class EngineCollector:
         ]
         for name, doc, value in gauges:
             yield GaugeMetricFamily(f"minillm:{name}", doc, value=value)
+        memory = GaugeMetricFamily("minillm:memory_bytes", "The memory budget checked when the engine was built: "
+                                   "weights, KV pool, swap space, and what the device had available",
+                                   labels=["part"])
+        for part, value in s.get("config", {}).get("memory", {}).items():
+            memory.add_metric([part], value)
+        yield memory
         yield CounterMetricFamily("minillm:num_preemptions", "Sequences preempted so far",
                                   value=s.get("num_preemptions", 0))
 
