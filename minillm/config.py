@@ -131,7 +131,6 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     scheduling_policy: str = "fcfs"
     preemption_mode: str = "recompute"
-    static_batching: bool = False
 
 
 def option(default, help: str):
@@ -163,7 +162,6 @@ class EngineConfig(Validated):
     scheduling_policy: str = option("fcfs", "fcfs: by arrival; priority: by (priority, arrival), lower first")
     preemption_mode: str = option("recompute", "what a preempted sequence does with its KV: recompute or swap")
     swap_space: int | None = option(None, "CPU blocks for swapping (default: as many as the device pool)")
-    static_batching: bool = option(False, "lesson 05 baseline: admit a new batch only when the last is done")
     attention_backend: str = option("auto", "auto, or a registered attention backend (minillm.utils.registry)")
     device: str | None = option(None, "cpu, cuda or cuda:N (default: the model's own; LLM loads on CUDA "
                                       "when there is one)")
@@ -181,7 +179,7 @@ class EngineConfig(Validated):
         for field_name in ("num_kv_blocks", "kv_cache_memory_bytes", "max_num_batched_tokens",
                            "max_model_len", "swap_space"):
             check_int(name, field_name, getattr(self, field_name), minimum=1, optional=True)
-        for field_name in ("enable_prefix_caching", "enable_chunked_prefill", "static_batching"):
+        for field_name in ("enable_prefix_caching", "enable_chunked_prefill"):
             check_bool(name, field_name, getattr(self, field_name))
         check_bool(name, "compile", self.compile)
         check_bool(name, "enforce_eager", self.enforce_eager)

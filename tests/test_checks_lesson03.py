@@ -162,6 +162,12 @@ def slots_table_index_by_offset(block_table, positions, block_size):
             for p in positions]
 
 
+def slots_swapped_in_long_prompts(block_table, positions, block_size):
+    """Right on every unit case (at most 12 positions), wrong for a longer prompt: only the engine run sees it."""
+    slots = slot_mapping(block_table, positions, block_size)
+    return slots if len(slots) <= 12 else slots[1:2] + slots[:1] + slots[2:]
+
+
 def slots_skeleton(block_table, positions, block_size):
     raise NotImplementedError
 
@@ -183,7 +189,9 @@ def test_check_slot_mapping_accepts_a_tensor_version():
     (slots_ignore_table, "positions themselves"),
     (slots_block_id_plus_offset, r"slot 7 \* 4 \+ 0 = 28, yours 7"),
     (slots_table_index_by_offset, r"p // block_size"),
+    (slots_swapped_in_long_prompts, r"LLMEngine\(slot_mapping_fn=fn\) generated"),
     (slots_skeleton, "not implemented"),
-], ids=["off_by_one", "ignores_table", "block_id_plus_offset", "table_index_by_offset", "skeleton"])
+], ids=["off_by_one", "ignores_table", "block_id_plus_offset", "table_index_by_offset", "wrong_in_the_engine",
+        "skeleton"])
 def test_check_slot_mapping_rejects(bad, match):
     rejects(checks.check_slot_mapping, bad, match)

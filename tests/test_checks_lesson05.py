@@ -8,56 +8,48 @@ import pytest
 from checks_support import rejects
 
 from minillm import checks
-from minillm.engine.scheduler import Scheduler
+from minillm.engine.scheduler import ContinuousBatchingScheduler, Scheduler, SchedulerOutput
 from minillm.engine.sequence import Status
 
 
 # ---------------------------------------------------------------- lesson 05: scheduler
 
-class _PlantedScheduler(Scheduler):
-    """The reference schedule (fcfs/priority admission, preemption) with one knob per classic mistake."""
-    lifo = admit_only_when_idle = ignore_budget = prefill_first = never_chunk = skip_append = no_preempt = False
+class _PlantedScheduler(ContinuousBatchingScheduler):
+    """An independent schedule() (two phases, a queue index) with one knob per classic mistake."""
+    lifo = admit_only_when_idle = ignore_budget = prefill_first = never_chunk = skip_append = False
+    no_can_append = no_can_allocate = ignore_seats = False
 
     def schedule(self):
-        from minillm.engine.scheduler import SchedulerOutput
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
-        for queue in (self.running, self.swapped):
-            queue.sort(key=self.rank)
-        self.waiting.sort(key=self.rank, reverse=self.lifo)
         if self.prefill_first:
             budget = self._admit(out, budget)
-            return self._keep_running(out, budget, skip=[s for s, _ in out.scheduled])[0]
-        was_running = bool(self.running)
-        out, budget, preempted = self._keep_running(out, budget)
-        if preempted or (self.admit_only_when_idle and was_running):
+            self._keep_running(out, budget, skip=[s for s, _ in out.scheduled])
             return out
-        self._admit(out, budget)
+        was_running = bool(self.running)
+        budget = self._keep_running(out, budget)
+        if not (self.admit_only_when_idle and was_running):
+            self._admit(out, budget)
         return out
 
     def _keep_running(self, out, budget, skip=()):
-        preempted = False
-        for seq in list(self.running):
-            if seq in skip or seq.status is not Status.RUNNING or budget <= 0:
+        for seq in self.running:
+            if seq in skip or budget <= 0:
                 continue
             n = seq.num_uncomputed_tokens if self.ignore_budget else min(seq.num_uncomputed_tokens, budget)
-            while not self.no_preempt and not self.bm.can_append(seq, n):
-                victim = self.pick_victim()
-                self._preempt(victim, out)
-                preempted = True
-                if victim is seq:
-                    break
-            if seq.status is Status.RUNNING:
-                if not self.skip_append:
-                    self.bm.append_slots(seq, n)
-                out.scheduled.append((seq, n))
-                budget -= n
-        return out, budget, preempted
+            if not self.no_can_append and not self.bm.can_append(seq, n):
+                continue
+            if not self.skip_append:
+                self.bm.append_slots(seq, n)
+            out.scheduled.append((seq, n))
+            budget -= n
+        return budget
 
     def _admit(self, out, budget):
-        while (budget > 0 or self.ignore_budget) and len(self.running) < self.max_num_seqs and self.waiting:
-            seq = self.waiting[0]
-            if not self.bm.can_allocate(seq):
+        while ((budget > 0 or self.ignore_budget) and self.waiting
+               and (self.ignore_seats or len(self.running) < self.max_num_seqs)):
+            seq = self.waiting[-1 if self.lifo else 0]
+            if not self.no_can_allocate and not self.bm.can_allocate(seq):
                 break
             self.bm.allocate(seq)
             n = seq.num_uncomputed_tokens
@@ -100,16 +92,29 @@ class SchedulerSkipsAppendSlots(_PlantedScheduler):
     skip_append = True
 
 
-class SchedulerNeverPreempts(_PlantedScheduler):
-    no_preempt = True
+class SchedulerNeverAsksCanAppend(_PlantedScheduler):
+    no_can_append = True
 
 
-class SchedulerSkeleton(Scheduler):
+class SchedulerNeverAsksCanAllocate(_PlantedScheduler):
+    no_can_allocate = True
+
+
+class SchedulerIgnoresSeats(_PlantedScheduler):
+    ignore_seats = True
+
+
+class SchedulerSkeleton(ContinuousBatchingScheduler):
     def schedule(self):
         raise NotImplementedError
 
 
 def test_check_scheduler_passes_reference():
+    assert checks.check_scheduler(ContinuousBatchingScheduler) is True
+
+
+def test_check_scheduler_passes_the_engines_scheduler():
+    """The engine's Scheduler is the core plus preemption, priorities and seats: it passes too."""
     assert checks.check_scheduler(Scheduler) is True
 
 
@@ -124,9 +129,12 @@ def test_check_scheduler_accepts_the_planted_base_with_no_knob_turned():
     (SchedulerPrefillFirst, "was running but got no tokens"),
     (SchedulerNeverChunks, "first chunk of min"),
     (SchedulerSkipsAppendSlots, "append_slots"),
-    (SchedulerNeverPreempts, r"NoFreeBlocksError(.|\n)*self._preempt\(victim, out\)"),
+    (SchedulerNeverAsksCanAppend, r"NoFreeBlocksError.*ask self\.bm\.can_append\(seq, n\) first"),
+    (SchedulerNeverAsksCanAllocate, r"NoFreeBlocksError.*ask self\.bm\.can_allocate\(seq\) first"),
+    (SchedulerIgnoresSeats, "more than max_num_seqs"),
     (SchedulerSkeleton, "not implemented"),
 ], ids=["lifo_starves", "admits_only_when_idle", "exceeds_token_budget", "drops_decodes_for_prefills",
-        "never_chunks", "skips_append_slots", "never_preempts", "skeleton"])
+        "never_chunks", "skips_append_slots", "never_asks_can_append", "never_asks_can_allocate",
+        "ignores_seats", "skeleton"])
 def test_check_scheduler_rejects(bad, match):
     rejects(checks.check_scheduler, bad, match)

@@ -5,6 +5,7 @@ import random
 import pytest
 
 from minillm import LLM, SamplingParams
+from minillm.baselines.static_batching import StaticBatchScheduler
 from minillm.engine.engine import LLMEngine
 from minillm.models.reference import compare_greedy, reference_greedy
 
@@ -216,7 +217,7 @@ def test_engine_options_validated(tiny_llama, bad):
 def test_static_batching_baseline_waits_for_the_whole_batch(tiny_llama):
     model, tokenizer, hf = tiny_llama
     engine = LLMEngine(model, tokenizer, block_size=4, num_kv_blocks=100, max_num_seqs=2,
-                       static_batching=True)
+                       scheduler_cls=StaticBatchScheduler)
     lens = [2, 12, 3]
     for i, n in enumerate(lens):
         engine.add_request(str(i), [1000 + i] * 5, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))

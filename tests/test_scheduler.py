@@ -1,12 +1,14 @@
 """Unit tests of the reference scheduler, apart from the lesson graders: the token budget,
-seats for n > 1 requests, chunked prefill, static batching, priorities, and that a prompt
-which must wait leaves the prefix cache (and its statistics) untouched."""
+seats for n > 1 requests, chunked prefill, priorities, and that a prompt which must wait
+leaves the prefix cache (and its statistics) untouched; lesson 05's core
+(ContinuousBatchingScheduler) and its static batching baseline (StaticBatchScheduler)."""
 import itertools
 
+from minillm.baselines.static_batching import StaticBatchScheduler
 from minillm.config import SchedulerConfig
 from minillm.kv.block_manager import BlockManager
 from minillm.sampling_params import SamplingParams
-from minillm.engine.scheduler import Scheduler, seats
+from minillm.engine.scheduler import ContinuousBatchingScheduler, Scheduler, seats
 from minillm.engine.sequence import Sequence, Status
 
 _ids = itertools.count()
@@ -18,8 +20,8 @@ def seq(prompt, n=1, priority=0, request_id=None):
                     params=SamplingParams(n=n, max_tokens=64), priority=priority, arrival=float(i))
 
 
-def scheduler(num_blocks=32, block_size=4, **config):
-    return Scheduler(BlockManager(num_blocks, block_size, enable_prefix_caching=True), SchedulerConfig(**config))
+def scheduler(num_blocks=32, block_size=4, cls=Scheduler, **config):
+    return cls(BlockManager(num_blocks, block_size, enable_prefix_caching=True), SchedulerConfig(**config))
 
 
 def run_step(s: Scheduler):
@@ -121,7 +123,7 @@ def test_without_chunking_a_prompt_over_the_budget_waits_for_a_quiet_step():
 
 
 def test_static_batching_admits_nobody_while_the_batch_runs():
-    s = scheduler(max_num_seqs=2, static_batching=True)
+    s = scheduler(max_num_seqs=2, cls=StaticBatchScheduler)
     a, b, c = seq([1, 2]), seq([3, 4]), seq([5, 6])
     for q in (a, b, c):
         s.add(q)
@@ -153,3 +155,36 @@ def test_fcfs_ignores_priorities_and_keeps_arrival_order():
     s.add(second)
     s.add(first)            # queued later, arrived earlier: rank is by arrival, priority ignored
     assert [q for q, _ in run_step(s).scheduled] == [first]
+
+
+def test_the_core_plans_like_the_engines_scheduler_when_nothing_needs_preempting():
+    """Lesson 05's core and the engine's Scheduler (core + preemption, priorities, seats) agree
+    step by step on an FCFS workload that fits: staggered arrivals, chunked prefill, a full seat count."""
+    plans = []
+    for cls in (ContinuousBatchingScheduler, Scheduler):
+        s = scheduler(num_blocks=64, cls=cls, max_num_seqs=3, max_num_batched_tokens=10)
+        prompts = [seq(range(100 * i, 100 * i + n)) for i, n in enumerate([4, 23, 3, 12, 7, 16], start=1)]
+        steps = []
+        for t in range(60):
+            if t < len(prompts):
+                s.add(prompts[t])
+            plan = run_step(s)
+            steps.append([(prompts.index(q), n) for q, n in plan.scheduled])
+            for q, _ in plan.scheduled:
+                if len(q.output_token_ids) >= 4:
+                    s.finish(q)
+        assert all(q.status is Status.FINISHED for q in prompts)
+        plans.append(steps)
+    assert plans[0] == plans[1]
+
+
+def test_the_core_lets_a_running_sequence_wait_when_the_pool_is_full():
+    s = scheduler(num_blocks=2, block_size=4, cls=ContinuousBatchingScheduler)
+    a, b = seq([1, 2, 3, 4]), seq([5, 6, 7, 8])
+    s.add(a)
+    s.add(b)
+    assert run_step(s).scheduled == [(a, 4), (b, 4)]        # one block each, the pool is full
+    plan = run_step(s)                                      # each needs a second block: nobody runs
+    assert plan.scheduled == [] and not plan.preempted and s.running == [a, b]
+    s.finish(a)
+    assert run_step(s).scheduled == [(b, 1)]                # a's block came back: b goes on

@@ -8,6 +8,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.colors import to_rgba  # noqa: E402
 
+from minillm.baselines.static_batching import StaticBatchScheduler  # noqa: E402
 from minillm.engine.engine import LLMEngine  # noqa: E402
 from minillm.models import load_model  # noqa: E402
 from minillm.sampling_params import SamplingParams  # noqa: E402
@@ -68,7 +69,8 @@ def test_continuous_batching_timeline_prefill_then_decodes(tiny):
 
 def test_static_batching_leaves_the_late_request_waiting(tiny):
     model, tokenizer = tiny
-    engine = LLMEngine(model, tokenizer, block_size=4, num_kv_blocks=64, max_num_seqs=2, static_batching=True)
+    engine = LLMEngine(model, tokenizer, block_size=4, num_kv_blocks=64, max_num_seqs=2,
+                       scheduler_cls=StaticBatchScheduler)
     for rid, n in (("a", 2), ("b", 5), ("c", 2)):
         engine.add_request(rid, [1000 + ord(rid)] * 6, greedy(n))
     tl = record_run(engine)

@@ -1,14 +1,18 @@
-"""Lesson 02: static batching over the contiguous KV cache.
+"""Static batching: a batch runs to its end before the next one starts.
 
-One cache row per prompt, reserved for the whole run: prefill each prompt, then
-decode every unfinished row together until all have ended. A row that finishes
-early keeps its slot (and its reserved memory) until the last one is done: the
-waste that continuous batching (lesson 05) removes.
+Lesson 02, `generate_static_batch`: one contiguous cache row per prompt, reserved for the
+whole run: prefill each prompt, then decode every unfinished row together until all have
+ended. A row that finishes early keeps its slot (and its reserved memory) until the last
+one is done: the waste that continuous batching (lesson 05) removes.
+
+Lesson 05, `StaticBatchScheduler`: the same policy inside the paged engine, as the
+baseline continuous batching is measured against.
 """
 from __future__ import annotations
 
 import torch
 
+from ..engine.scheduler import Scheduler, SchedulerOutput
 from ..kv.contiguous import ContiguousKVCache
 from ..outputs import CompletionOutput
 from ..sample.sampler import make_generator, sample
@@ -65,3 +69,20 @@ def generate_with_cache(model, tokenizer, prompt, params: SamplingParams | None 
     """One prompt through the contiguous cache: a static batch of one."""
     outputs, _ = generate_static_batch(model, tokenizer, [prompt], params)
     return outputs[0]
+
+
+class StaticBatchScheduler(Scheduler):
+    """Lesson 05's baseline: `LLMEngine(..., scheduler_cls=StaticBatchScheduler)` admits a new
+    batch only when the running one is done. While anything runs, a step feeds only the
+    running sequences (preempting as the engine's scheduler does when memory runs out);
+    once the batch is empty, the next one is admitted as `Scheduler` would. A sequence that
+    finishes early leaves its seat empty until the whole batch is done: the waste that
+    continuous batching (the engine's default) removes. It exists to be measured against."""
+
+    def schedule(self) -> SchedulerOutput:
+        if not self.running:
+            return super().schedule()              # the last batch is done: admit the next one
+        out = SchedulerOutput()
+        self.running.sort(key=self.rank)
+        self.keep_running(out, self.max_num_batched_tokens)
+        return out

@@ -1,8 +1,9 @@
 """Lesson 03's graders: `check_block_allocator` (distinct ids, reference counts, a pool
 that hands out the least recently freed block first, bad calls refused without
 changing anything) and `check_slot_mapping` (a position's physical slot through the
-block table). The allocator then runs inside the real engine on a pool small enough
-to preempt, since the paged engine relies on exactly these invariants.
+block table). Each piece then runs inside the real engine, plugged in through its seam
+(`allocator_cls=`, `slot_mapping_fn=`); the allocator on a pool small enough to preempt,
+since the paged engine relies on exactly these invariants.
 """
 from __future__ import annotations
 
@@ -193,7 +194,8 @@ def check_slot_mapping(fn) -> bool:
     Cases: a whole prompt in one block, positions spanning several blocks of a table
     whose ids are not contiguous (nor sorted, block 0 included), a decode step (one
     position in the middle of a table), a chunk starting mid-block, block_size 1 and
-    16, and no positions at all. A list or a 1-D tensor of ints is accepted.
+    16, and no positions at all. A list or a 1-D tensor of ints is accepted. Then the real
+    engine with `slot_mapping_fn=fn` gives the reference's greedy tokens.
     """
     from ..attention.paged import slot_mapping
 
@@ -229,4 +231,9 @@ def check_slot_mapping(fn) -> bool:
             f"{mistake}Position {p} is in the table's entry {p // bs} (p // block_size), i.e. block "
             f"{table[p // bs]}, at offset {p % bs} (p % block_size): slot {table[p // bs]} * {bs} + {p % bs} = "
             f"{expected[i]}, yours {out[i]}. Case: {label}")
+    label = "slot_mapping_fn=fn"
+    engine = make_engine(g, label, slot_mapping_fn=fn, **AMPLE_POOL)
+    ours = drive(g, engine, PROMPTS, GREEDY, label, "the slot mapping does not decide who runs: report this")
+    compare_runs(PROMPTS, ours, reference_run(PROMPTS, GREEDY, **AMPLE_POOL), label,
+                 "the unit cases pass, so look at what the engine relies on: one slot per position, in order")
     return g.passed()

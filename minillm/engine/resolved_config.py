@@ -35,7 +35,7 @@ class ResolvedConfig:
 
     def scheduler_config(self, config: EngineConfig) -> SchedulerConfig:
         return SchedulerConfig(config.max_num_seqs, self.max_num_batched_tokens, config.enable_chunked_prefill,
-                               config.scheduling_policy, config.preemption_mode, config.static_batching)
+                               config.scheduling_policy, config.preemption_mode)
 
     def as_dict(self) -> dict:
         d = asdict(self)
