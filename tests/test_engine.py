@@ -300,3 +300,28 @@ def test_generate_never_takes_or_aborts_a_callers_request_id():
         finished.update((o.request_id, o) for o in engine.step() if o.finished)
     assert set(finished) == {"gen-3", "gen-4", "gen-5"}
     assert all(o.outputs[0].token_ids == outs[0].outputs[0].token_ids for o in finished.values())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_an_abort_storm_of_300k_waiting_requests_drains_and_the_engine_serves_on(tiny_llama):
+    """Finishing a waiting sequence is O(1) (the queue drops finished ones in one pass), so
+    aborting 300k waiting requests takes about as long as adding them, not hours."""
+    import time
+    model, tokenizer, _ = tiny_llama
+    engine = LLMEngine(model, tokenizer, block_size=4, num_kv_blocks=64)
+    params = SamplingParams(temperature=0, max_tokens=1)
+    ids = [f"r{i}" for i in range(300_000)]
+    start = time.monotonic()
+    for rid in ids:
+        engine.add_request(rid, [5, 6, 7], params)
+    added = time.monotonic() - start
+    start = time.monotonic()
+    for rid in reversed(ids):          # newest first: a queue scan would reach each at its end
+        engine.abort_request(rid)
+    aborted = time.monotonic() - start
+    print(f"added 300k in {added:.1f} s, aborted them in {aborted:.1f} s")
+    assert not engine.scheduler.waiting and not engine.has_unfinished_requests()
+    assert not engine.output_processor.states
+    out = engine.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 3

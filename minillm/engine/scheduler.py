@@ -72,6 +72,7 @@ class ContinuousBatchingScheduler:
         self.swapped: list[Sequence] = []        # KV on CPU: only the Scheduler swaps (lesson 06)
         self.num_preemptions = 0
         self.num_recomputed_tokens = 0
+        self._finished_waiting = 0               # finished sequences still in `waiting` (see finish)
 
     def add(self, seq: Sequence) -> None:
         seq.status = Status.WAITING
@@ -86,6 +87,7 @@ class ContinuousBatchingScheduler:
 
     def plan_step(self) -> SchedulerOutput:
         """What the engine calls each step: the schedule, with the block moves it queued."""
+        self.drop_finished_waiting()
         out = self.schedule()
         out.block_ops = self.bm.take_ops()
         return out
@@ -126,18 +128,28 @@ class ContinuousBatchingScheduler:
         seq.output_token_ids.append(token)
 
     def finish(self, seq: Sequence, reason: str | None = None) -> None:
-        """A sequence ended (or was aborted): its blocks go back at once."""
+        """A sequence ended (or was aborted): its blocks go back at once. O(1) for a waiting one:
+        it is marked finished and dropped from the queue in one pass once finished ones are half
+        of it (or at the next step), so an abort storm of n waiting requests costs O(n), not O(n^2)."""
         if reason is not None:
             seq.finish_reason = reason
-        if seq in self.running:
+        was_waiting = seq.status is Status.WAITING
+        if seq in self.running:                 # running and swapped hold max_num_seqs / the swap space
             self.running.remove(seq)
             self.bm.free(seq)
         elif seq in self.swapped:
             self.swapped.remove(seq)
             self.bm.free_swapped(seq)
-        elif seq in self.waiting:
-            self.waiting.remove(seq)
         seq.status = Status.FINISHED
+        if was_waiting:
+            self._finished_waiting += 1
+            if 2 * self._finished_waiting >= len(self.waiting):
+                self.drop_finished_waiting()
+
+    def drop_finished_waiting(self) -> None:
+        if self._finished_waiting:
+            self.waiting[:] = [s for s in self.waiting if not s.is_finished]
+            self._finished_waiting = 0
 
 
 class Scheduler(ContinuousBatchingScheduler):
