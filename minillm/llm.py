@@ -24,13 +24,13 @@ class LLM:
     def __init__(self, model: str | None = None, *, tokenizer=None, seed: int = 0, **engine_options):
         """`model`: a name, folder or hub id, or an already loaded model object (then pass
         `tokenizer` too). Other keyword arguments are EngineConfig's fields, plus the
-        engine's *_cls seams."""
+        engine's seams (*_cls, slot_mapping_fn)."""
         unknown = set(engine_options) - _ENGINE_FIELDS - {
-            "allocator_cls", "prefix_cache_cls", "scheduler_cls", "block_manager_cls"}
+            "allocator_cls", "prefix_cache_cls", "scheduler_cls", "block_manager_cls", "slot_mapping_fn"}
         if unknown:
             raise ValueError(f"unknown engine option(s): {', '.join(sorted(unknown))}; "
                              f"valid: {', '.join(sorted(_ENGINE_FIELDS))}")
-        classes = {k: engine_options.pop(k) for k in list(engine_options) if k.endswith("_cls")}
+        classes = {k: engine_options.pop(k) for k in list(engine_options) if k.endswith(("_cls", "_fn"))}
         config = EngineConfig(**engine_options)
         if model is None or isinstance(model, str):
             # dtype "auto": bfloat16/float16 on a GPU, float32 on CPU (models/loader.py resolve_dtype)

@@ -22,7 +22,7 @@ went wrong and where to look.
 | 04     | check_block_hash       | minillm.kv.prefix_cache.block_hash                       |
 | 04     | check_prefix_cache     | minillm.kv.prefix_cache.PrefixCache                      |
 | 04     | check_copy_on_write    | a BlockManager subclass overriding append_slots          |
-| 05     | check_scheduler        | a Scheduler subclass overriding schedule                 |
+| 05     | check_scheduler        | a ContinuousBatchingScheduler subclass overriding schedule |
 | 06     | check_preemption       | a Scheduler subclass overriding pick_victim / _preempt   |
 | 06     | check_swap             | a BlockManager subclass overriding swap_out / swap_in    |
 | 07     | check_detokenizer      | minillm.text.detokenizer.IncrementalDetokenizer               |

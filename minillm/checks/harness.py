@@ -73,7 +73,7 @@ REFERENCES = {
     "check_block_hash": "minillm.kv.prefix_cache:block_hash",
     "check_prefix_cache": "minillm.kv.prefix_cache:PrefixCache",
     "check_copy_on_write": "minillm.kv.block_manager:BlockManager",
-    "check_scheduler": "minillm.engine.scheduler:Scheduler",
+    "check_scheduler": "minillm.engine.scheduler:ContinuousBatchingScheduler",
     "check_preemption": "minillm.engine.scheduler:Scheduler",
     "check_swap": "minillm.kv.block_manager:BlockManager",
     "check_detokenizer": "minillm.text.detokenizer:IncrementalDetokenizer",
