@@ -194,3 +194,21 @@ def test_table_shows_passed_over_total_and_first_hint():
     text = table(records)
     assert re.search(r"^ann +1/2$", text, re.M) and re.search(r"^bob +0/2$", text, re.M)
     assert "ann 03 b: wrong slot" in text and "more" not in text
+
+
+def test_nbval_markers_are_stripped_and_check_cell_metadata_compared():
+    from minillm.course.grade import check_cell_differs, strip_nbval
+    course = nbformat.v4.new_code_cell("from minillm.checks import check_rope\n\ncheck_rope(apply_rope)")
+    course.metadata["tags"] = ["minillm-check"]
+    mine = nbformat.from_dict(json.loads(json.dumps(course)))
+    assert check_cell_differs(mine, course) is None
+    mine.metadata["tags"] = ["minillm-check", "raises-exception"]
+    assert "added raises-exception" in check_cell_differs(mine, course)
+    mine.metadata["tags"] = ["minillm-check"]
+    mine.source = "# NBVAL_RAISES_EXCEPTION\n" + course.source
+    assert "edited" in check_cell_differs(mine, course)
+    cell = nbformat.v4.new_code_cell("x = 1\n  # NBVAL_SKIP\n#NBVAL_RAISES_EXCEPTION\ny = 2  # NBVAL_SKIP kept")
+    cell.metadata["tags"] = ["raises-exception", "nbval-skip", "nbval-ignore-output", "mine"]
+    strip_nbval(cell)
+    assert cell.metadata["tags"] == ["mine"]
+    assert cell.source == "x = 1\n  #\n#\ny = 2  # NBVAL_SKIP kept"

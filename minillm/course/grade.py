@@ -113,12 +113,51 @@ def load_extra_checks(spec: str | None) -> tuple[dict[str, list[str]], str | Non
     return by_lesson, name, folder
 
 
+# nbval's own markers (nbval.plugin: comment_markers, metadata_tags): a student who adds one to a
+# cell changes how nbval judges it (`raises-exception` makes a failing check cell pass, `nbval-skip`
+# skips it), so they are taken off every cell before a submission runs.
+NBVAL_COMMENTS = ("NBVAL_IGNORE_OUTPUT", "NBVAL_CHECK_OUTPUT", "NBVAL_RAISES_EXCEPTION", "NBVAL_SKIP",
+                  "PYTEST_VALIDATE_IGNORE_OUTPUT")
+NBVAL_TAGS = frozenset({"raises-exception"} | {c.lower().replace("_", "-") for c in NBVAL_COMMENTS})
+NBVAL_COMMENT = re.compile(r"^(\s*)#+\s*(?:" + "|".join(NBVAL_COMMENTS) + r")\s*$", re.M)
+
+
+def strip_nbval(cell) -> None:
+    """Remove nbval's tags and marker comments from `cell`, in place (a marker line becomes `#`,
+    so line numbers stay)."""
+    tags = cell.metadata.get("tags")
+    if isinstance(tags, list):
+        cell.metadata["tags"] = [t for t in tags if t not in NBVAL_TAGS]
+    if cell.cell_type == "code":
+        cell.source = NBVAL_COMMENT.sub(lambda m: m.group(1) + "#", cell.source)
+
+
+def check_cell_differs(mine, course) -> str | None:
+    """How a student's check cell differs from the course's (its source, its tags or nbval
+    markers), or None when it is the course's."""
+    if mine.source.strip() != course.source.strip():
+        return "its code was edited"
+    tags = mine.metadata.get("tags", [])
+    tags = tags if isinstance(tags, list) else [repr(tags)]
+    theirs = set(course.metadata.get("tags", []))
+    if set(tags) != theirs:
+        added, removed = sorted(set(tags) - theirs), sorted(theirs - set(tags))
+        return "its tags were changed (" + "; ".join(
+            ([f"added {', '.join(added)}"] if added else []) + ([f"removed {', '.join(removed)}"] if removed else [])) + ")"
+    extra = sorted(k for k in mine.metadata if "nbval" in k.lower() and k not in course.metadata)
+    if extra:
+        return f"its metadata gained {', '.join(extra)}"
+    return None
+
+
 def prepare(nb, extra: list[str], module: str | None, folder: str | None):
-    """The submission as it runs: outputs cleared, the hidden checks appended."""
+    """The submission as it runs: outputs cleared, nbval's markers stripped from every cell,
+    the hidden checks appended."""
     nb = nbformat.from_dict(json.loads(json.dumps(nb)))
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
+        strip_nbval(cell)
     for name in extra:
         nb.cells.append(nbformat.v4.new_code_cell(
             f"import importlib as _minillm_grade\n"
@@ -136,10 +175,11 @@ def grade_notebook(sub: Submission, lesson, timeout: float, extra: dict, module:
         return [Record(sub.student, sub.lesson, e, False, message) for e in exercises]
 
     try:
-        nb = nbformat.read(str(sub.path), as_version=4)
+        submitted = nbformat.read(str(sub.path), as_version=4)
     except Exception as e:  # not JSON, not a notebook
         return every(f"notebook could not be read: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
-    nb = prepare(nb, extra_names, module, folder)
+    nb = prepare(submitted, extra_names, module, folder)
+    original = {i: c for i, c in enumerate(c for c in submitted.cells if c.cell_type == "code")}
     code = [c for c in nb.cells if c.cell_type == "code"]
     position = {id(c): i for i, c in enumerate(code)}
     checks = {c.get("id"): position[id(c)] for c in code if c.get("id", "").startswith(("check-", "extra-"))}
@@ -152,8 +192,9 @@ def grade_notebook(sub: Submission, lesson, timeout: float, extra: dict, module:
                          and exercise_of(c) == exercise), None)
         if mine is None:
             found[exercise] = "check cell missing: the cell that runs check_{} was deleted".format(exercise)
-        elif mine.source.strip() != cell.source.strip():
-            found[exercise] = "check cell modified: the cell that runs check_{} was edited".format(exercise)
+        elif check_cell_differs(original[position[id(mine)]], cell):
+            found[exercise] = "check cell modified: the cell that runs check_{} was edited ({})".format(
+                exercise, check_cell_differs(original[position[id(mine)]], cell))
         else:
             found[exercise] = position[id(mine)]
     for name in extra_names:
