@@ -5,10 +5,11 @@ refused at the door, before it can reach a step.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .sample.logprobs import MAX_LOGPROBS
-from .utils.validate import Validated, check_bool, check_int, check_number, fail, is_int
+from .utils.validate import Validated, check_bool, check_int, check_number, fail, is_int, is_number
 
 
 MIN_TEMPERATURE = 1e-2     # vLLM's floor: 0 < T < 0.01 is raised to 0.01 (below it logits / T overflow)
@@ -19,6 +20,10 @@ MAX_SEED = 2**64 - 1       # torch generators take 64-bit seeds
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 128
 MAX_STOP_TOKEN_IDS = 64
+# logit_bias is added to each sampled row at every step: bounded like the stop lists. OpenAI
+# takes 300 entries with biases in [-100, 100] (vLLM clamps to that range; we refuse outside it).
+MAX_LOGIT_BIAS = 300
+MAX_BIAS = 100.0
 
 
 @dataclass
@@ -35,6 +40,18 @@ class SamplingParams(Validated):
     stop_token_ids: list[int] | None = None   # token ids that end generation
     ignore_eos: bool = False          # keep going after EOS (benchmarks)
     logprobs: int | None = None       # report the sampled token's logprob and the top k (minillm/sample/logprobs.py)
+    # vLLM's extras on the logits (minillm/sample/logits_processors.py says how and in which order)
+    presence_penalty: float = 0.0     # [-2, 2]: minus this for every token already generated (OpenAI's)
+    frequency_penalty: float = 0.0    # [-2, 2]: minus this times how often each token was generated
+    repetition_penalty: float = 1.0   # > 0: a token in the prompt or the output: logit / p if positive, else * p
+    logit_bias: dict[int, float] | None = None   # token id -> added to its logit, in [-100, 100]; 300 at most
+    min_p: float = 0.0                # [0, 1]: drop tokens less likely than min_p x the most likely one
+    min_tokens: int = 0               # [0, max_tokens]: EOS and stop_token_ids masked, stop strings not
+                                      # looked for, until this many tokens are generated
+    # what the text shows (minillm/text/stopping.py)
+    include_stop_str_in_output: bool = False   # keep the stop string (or stop token's text) at the end
+    skip_special_tokens: bool = True           # leave special tokens (<|im_end|>, ...) out of the text
+    spaces_between_special_tokens: bool = True  # slow tokenizers only; fast ones ignore it, as in vLLM
 
     def validate(self) -> None:
         name = "SamplingParams"
@@ -66,6 +83,33 @@ class SamplingParams(Validated):
         object.__setattr__(self, "stop_token_ids", list(ids))
         check_bool(name, "ignore_eos", self.ignore_eos)
         check_int(name, "logprobs", self.logprobs, minimum=0, maximum=MAX_LOGPROBS, optional=True)
+        for penalty in ("presence_penalty", "frequency_penalty"):
+            check_number(name, penalty, getattr(self, penalty), "a number in [-2, 2]", lambda x: -2 <= x <= 2)
+        check_number(name, "repetition_penalty", self.repetition_penalty, "a number > 0 (1 = off)", lambda x: x > 0)
+        check_number(name, "min_p", self.min_p, "a number in [0, 1]", lambda x: 0 <= x <= 1)
+        check_int(name, "min_tokens", self.min_tokens, minimum=0, maximum=self.max_tokens)
+        object.__setattr__(self, "logit_bias", self._checked_logit_bias())
+        for flag in ("include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens"):
+            check_bool(name, flag, getattr(self, flag))
+
+    def _checked_logit_bias(self) -> dict[int, float] | None:
+        """A copy of logit_bias, {token id: bias}: ids are non-negative integers (the vocabulary
+        is checked where it is known: the server's door, or the step, for this request only)."""
+        bias = self.logit_bias
+        if bias is None:
+            return None
+        allowed = (f"a dict of at most {MAX_LOGIT_BIAS} entries {{token id (an integer >= 0): "
+                   f"bias in [-{MAX_BIAS:g}, {MAX_BIAS:g}]}}")
+        if not isinstance(bias, dict):
+            fail("SamplingParams", "logit_bias", allowed, bias, TypeError)
+        if len(bias) > MAX_LOGIT_BIAS:
+            fail("SamplingParams", "logit_bias", allowed, f"{len(bias)} entries")
+        for token, value in bias.items():
+            if not is_int(token) or not is_number(value):
+                fail("SamplingParams", "logit_bias", allowed, {token: value}, TypeError)
+            if token < 0 or not math.isfinite(value) or abs(value) > MAX_BIAS:
+                fail("SamplingParams", "logit_bias", allowed, {token: value})
+        return {int(t): float(v) for t, v in bias.items()}
 
     @property
     def greedy(self) -> bool:

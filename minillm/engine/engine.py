@@ -1,6 +1,6 @@
 """The engine: requests in, one scheduled step at a time, outputs out.
 
-    add_request ──► Scheduler ──► BlockManager ──► ModelRunner ──► sample ──► stop checks
+    add_request ──► Scheduler ──► BlockManager ──► ModelRunner ──► penalties ──► sample ──► stop checks
 
 Built in one direction: the options are resolved once (resolved_config.py), then the runner
 (its own model, the KV pool, the attention backend), then the block manager and the
@@ -21,6 +21,7 @@ from ..kv.block_manager import BlockManager
 from ..kv.prefix_cache import PrefixCache
 from ..outputs import RequestOutput
 from ..runner.model_runner import ModelRunner
+from ..sample.logits_processors import process_logits, wants_processing
 from ..sample.sampler import sample
 from ..sampling_params import SamplingParams
 from .fault_isolation import FAILED, FaultIsolation
@@ -186,7 +187,7 @@ class LLMEngine:
                         faults.guarded(seq, "recording computed tokens", self.scheduler.mark_computed, seq, n)
                 rows, seqs = self._fork(samplers)                                     # n > 1: prompt done
                 live = [(r, s) for r, s in zip(rows, seqs) if not s.is_finished]
-                tokens = faults.sample(sample, [s for _, s in live], logits[[r for r, _ in live]],
+                tokens = faults.sample(sample, [s for _, s in live], self._processed_logits(live, logits),
                                        [self.output_processor.generator(s) for _, s in live])
                 self._update_from_tokens(live, logits, tokens)                        # append, stop checks
         except BaseException as e:          # an interrupt, or a bug outside the guarded stages
@@ -222,6 +223,23 @@ class LLMEngine:
                     rows.append(row)
                     seqs.append(child)
         return rows, seqs
+
+    def _processed_logits(self, live: list[tuple[int, Sequence]], logits):
+        """The rows to sample from: each sequence's penalties, logit_bias, min_tokens and min_p
+        applied to its own row with its own token history (sample/logits_processors.py). Rows
+        that ask for none are not touched; a fault here ends only its own request."""
+        rows = logits[[r for r, _ in live]]
+        asking = [i for i, (_, s) in enumerate(live) if wants_processing(s.params, len(s.output_token_ids))]
+        if asking:
+            rows = rows.float()             # what sample() computes in anyway
+        for i in asking:
+            seq = live[i][1]
+            row = self.faults.guarded(seq, "applying penalties, logit_bias, min_tokens or min_p", process_logits,
+                                      rows[i], seq.params, seq.prompt_token_ids, seq.output_token_ids,
+                                      self.output_processor.eos_token_ids)
+            if row is not FAILED:
+                rows[i] = row
+        return rows
 
     def _update_from_tokens(self, live: list[tuple[int, Sequence]], logits, tokens: list) -> None:
         """Per token: its logprobs, appended to its sequence, the stop checks, a finished sequence out."""

@@ -2,7 +2,7 @@
 
 For each generated position the output carries a dict {token_id: Logprob} holding the
 sampled token and the k most likely ones. They come from the model's distribution
-before temperature, top-k and top-p (log_softmax of the raw logits), as vLLM reports
+before penalties, logit_bias, temperature, top-k and top-p (log_softmax of the raw logits), as vLLM reports
 them by default: a logprob then says how likely the *model* found the token, whatever
 sampling settings picked it, so two requests with different temperatures compare.
 """

@@ -8,7 +8,8 @@
 
 A streamed response is a series of `data: {json}\\n\\n` events (one chunk per choice's new
 text), then `data: [DONE]\\n\\n`; with stream_options.include_usage, a last chunk before
-[DONE] carries the token counts. The app owns the AsyncEngine: it starts the engine loop
+[DONE] carries the token counts (with vLLM's continuous_usage_stats, every chunk carries the
+counts so far). The app owns the AsyncEngine: it starts the engine loop
 when the server starts and stops it when the server stops.
 """
 from __future__ import annotations
@@ -42,7 +43,7 @@ def build_app(engine, model_name: str, *, api_key: str | None = None,
     """An app serving `engine` (an LLMEngine, which the app now owns) as `model_name`.
     `stream_cls`: a RequestStream subclass for each request's stream (lesson 07's seam)."""
     front = AsyncEngine(engine, max_waiting_requests, stream_cls)
-    served = Served(front, engine.tokenizer, model_name)
+    served = Served(front, engine.tokenizer, model_name, engine.resolved.vocab_size)
     created = int(time.time())
 
     @contextlib.asynccontextmanager
@@ -76,13 +77,14 @@ def build_app(engine, model_name: str, *, api_key: str | None = None,
     async def completions(req: CompletionRequest, request: Request):
         check_options(req, served)
         prompts = await completion_prompts(req, served.tokenizer, front.max_model_len)
-        gen = await start(served, request, req, prompts, req.max_tokens, "cmpl")
+        gen = await start(served, request, req, prompts, req.max_tokens_asked(), "cmpl")
         now = int(time.time())
 
         def response(choices, usage=None):
             return CompletionResponse(id=gen.id, created=now, model=model_name, choices=choices, usage=usage)
 
         k_top = req.logprobs_k()
+        every = req.usage_in_every_chunk()
 
         if req.stream:
             async def chunks():
@@ -92,7 +94,8 @@ def build_app(engine, model_name: str, *, api_key: str | None = None,
                     if steps is not None:
                         lp = completion_logprobs(*steps, k_top, offsets.get(k, 0))
                         offsets[k] = offsets.get(k, 0) + sum(len(t) for t in lp.tokens)
-                    yield response([CompletionChoice(index=k, text=text, finish_reason=finish, logprobs=lp)])
+                    yield response([CompletionChoice(index=k, text=text, finish_reason=finish, logprobs=lp)],
+                                   gen.usage() if every else None)
                 if req.stream_options and req.stream_options.include_usage:
                     yield response([], gen.usage())
             return server_sent_events(chunks())
@@ -106,7 +109,7 @@ def build_app(engine, model_name: str, *, api_key: str | None = None,
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         check_options(req, served)
-        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        max_tokens = req.max_tokens_asked()
         try:
             k_top = req.logprobs_k()
         except ValueError as e:
@@ -114,9 +117,11 @@ def build_app(engine, model_name: str, *, api_key: str | None = None,
         prompts = await chat_prompt(req, served.tokenizer, front.max_model_len)
         gen = await start(served, request, req, prompts, max_tokens, "chatcmpl")
         now = int(time.time())
+        every = req.usage_in_every_chunk()
 
         if req.stream:
             def chunk(choices, usage=None):
+                usage = usage or (gen.usage() if every else None)
                 return ChatCompletionChunk(id=gen.id, created=now, model=model_name, choices=choices, usage=usage)
 
             async def chunks():

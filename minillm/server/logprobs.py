@@ -4,7 +4,7 @@
 (a {token: logprob} dict of the top k, plus the sampled token as vLLM adds it) and
 `text_offset` (where each token's text starts in the completion).
 /v1/chat/completions: `content`, a list of {token, logprob, bytes, top_logprobs: [...]}.
-Both report the model's distribution before temperature and top-p (see minillm/sample/logprobs.py).
+Both report the model's distribution before penalties, temperature and top-p (see minillm/sample/logprobs.py).
 """
 from __future__ import annotations
 

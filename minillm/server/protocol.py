@@ -3,16 +3,18 @@
 Requests are strict: a field of the wrong type is refused, never coerced (`"n": "2"` or
 `"max_tokens": 1.5` is a 400, as with OpenAI), and an unknown field is refused too, so a
 client never believes an option took effect when it was silently dropped. Options we
-know but do not implement yet (penalties, logit_bias, echo, ...) are accepted only at
-their neutral value; `unsupported()` names any that is set.
-Ranges (temperature in [0, 100], top_p in (0, 1], ...) are checked once, by
-`SamplingParams`, which the engine needs anyway.
+know but do not implement (echo, suffix, best_of other than n) are accepted only at their
+neutral value; `unsupported()` names any that is set.
+Ranges (temperature in [0, 100], top_p in (0, 1], penalties in [-2, 2], ...) are checked
+once, by `SamplingParams`, which the engine needs anyway.
 """
 from __future__ import annotations
 
-from typing import Literal, Optional, Union
+import json
+from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator,
+                      model_validator)
 
 Number = Union[StrictInt, StrictFloat]
 TokenIds = list[StrictInt]
@@ -24,36 +26,50 @@ class Strict(BaseModel):
 
 class StreamOptions(Strict):
     include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False     # vLLM's: with include_usage, usage in every chunk
 
 
 class SamplingFields(Strict):
-    """Fields both endpoints share. top_k, priority and ignore_eos are vLLM's extras."""
+    """Fields both endpoints share. OpenAI's, then vLLM's extras (top_k, min_p, ...)."""
     model: Optional[StrictStr] = None          # None: the served model
     max_tokens: Optional[StrictInt] = None     # None: up to max_model_len, as vLLM does
+    max_completion_tokens: Optional[StrictInt] = None     # OpenAI's newer name for max_tokens (wins)
     n: StrictInt = 1
     temperature: Optional[Number] = None       # None: 1.0
     top_p: Optional[Number] = None
-    top_k: Optional[StrictInt] = None
     seed: Optional[StrictInt] = None
     stop: Optional[Union[StrictStr, list[StrictStr]]] = None
     stream: StrictBool = False
     stream_options: Optional[StreamOptions] = None
-    ignore_eos: StrictBool = False
-    priority: StrictInt = 0
     user: Optional[StrictStr] = None           # an end-user id for the caller's logs; no effect
-    # known, not implemented yet: only their neutral value is accepted
     presence_penalty: Optional[Number] = None
     frequency_penalty: Optional[Number] = None
-    logit_bias: Optional[dict[str, Number]] = None
+    logit_bias: Optional[dict[StrictStr, Number]] = None     # {"token id": bias}
+    # vLLM's extras (SamplingParams documents each)
+    top_k: Optional[StrictInt] = None
+    min_p: Optional[Number] = None
+    repetition_penalty: Optional[Number] = None
+    min_tokens: StrictInt = 0
+    stop_token_ids: Optional[list[StrictInt]] = None
+    include_stop_str_in_output: StrictBool = False
+    skip_special_tokens: StrictBool = True
+    spaces_between_special_tokens: StrictBool = True
+    ignore_eos: StrictBool = False
+    priority: StrictInt = 0
 
     def logprobs_k(self) -> Optional[int]:
         return None
 
+    def max_tokens_asked(self) -> Optional[int]:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def usage_in_every_chunk(self) -> bool:
+        o = self.stream_options
+        return o is not None and o.include_usage and o.continuous_usage_stats
+
     def unsupported(self) -> Optional[str]:
         """The first option that is set but not implemented, or None."""
-        if self.presence_penalty or self.frequency_penalty:
-            return "presence_penalty" if self.presence_penalty else "frequency_penalty"
-        return "logit_bias" if self.logit_bias else None
+        return None
 
 
 class CompletionRequest(SamplingFields):
@@ -78,29 +94,86 @@ class TextPart(Strict):
     text: StrictStr
 
 
+class FunctionCall(Strict):
+    name: StrictStr
+    arguments: StrictStr                       # JSON text of an object, as OpenAI sends it
+
+    @field_validator("arguments")
+    @classmethod
+    def _json_object(cls, value: str) -> str:
+        try:
+            ok = isinstance(json.loads(value), dict)
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ValueError("arguments must be the JSON text of an object, such as '{\"city\": \"Paris\"}'")
+        return value
+
+
+class ToolCall(Strict):
+    id: StrictStr
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Union[StrictStr, list[TextPart]]
+    """A turn of the conversation. An assistant message may carry tool_calls (its content may
+    then be null); a "tool" message answers one (tool_call_id). The model's chat template
+    renders them (text/tokenizer.py refuses a template that cannot)."""
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Optional[Union[StrictStr, list[TextPart]]] = None
     name: Optional[StrictStr] = None
+    tool_calls: Optional[list[ToolCall]] = None
+    tool_call_id: Optional[StrictStr] = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> "ChatMessage":
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError(f"only an assistant message carries tool_calls, not a {self.role!r} one")
+        if (self.tool_call_id is None) != (self.role != "tool"):
+            raise ValueError("a tool message needs the tool_call_id it answers (and only a tool message has one)")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required: it may be null only in an assistant message with tool_calls")
+        return self
+
+    def text(self) -> Optional[str]:
+        return self.content if not isinstance(self.content, list) else "".join(p.text for p in self.content)
+
+    def texts(self) -> list[str]:
+        """Every string the template will render (for the size bound before templating)."""
+        calls = self.tool_calls or []
+        return [self.text() or ""] + [c.function.name + c.function.arguments for c in calls]
 
     def as_template_input(self) -> dict:
-        """{"role", "content"} as a chat template expects: text parts joined, and
-        "developer" (OpenAI's newer name for the system role) as "system"."""
-        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+        """{"role", "content", ...} as a chat template expects: text parts joined, "developer"
+        (OpenAI's newer name for the system role) as "system", and tool call arguments as a
+        dict (as Hugging Face's tool-use templates expect, and vLLM passes them)."""
+        out = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "type": c.type, "function": {
+                "name": c.function.name, "arguments": json.loads(c.function.arguments)}} for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Optional[StrictInt] = None     # OpenAI's newer name for max_tokens
     logprobs: StrictBool = False
     top_logprobs: Optional[StrictInt] = None
+    # vLLM's extras for the chat template
+    add_generation_prompt: Optional[StrictBool] = None    # None: true unless continue_final_message
+    continue_final_message: StrictBool = False
+    chat_template_kwargs: Optional[dict[StrictStr, Any]] = None
 
     def logprobs_k(self) -> Optional[int]:
         """How many top logprobs to return per token (None: no logprobs), as the engine counts."""
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("SamplingParams.logprobs must be requested (logprobs: true) to use top_logprobs")
         return (self.top_logprobs or 0) if self.logprobs else None
+
+    def generation_prompt(self) -> bool:
+        return not self.continue_final_message if self.add_generation_prompt is None else self.add_generation_prompt
 
 
 # -- responses -----------------------------------------------------------------------

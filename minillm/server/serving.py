@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import uuid
 
 from ..outputs import RequestOutput
-from ..sampling_params import SamplingParams
+from ..sampling_params import MAX_LOGIT_BIAS, SamplingParams
 from .async_engine import AsyncEngine, QueueFull, RequestStream
 from .errors import APIError, bad_request
 from .limits import MAX_MESSAGES, check_prompt_count, check_text_fits, off_the_loop
@@ -30,8 +31,9 @@ from .protocol import ChatCompletionRequest, CompletionRequest, PromptTokensDeta
 class Served:
     """What the handlers share: the engine's front, its tokenizer, metrics, the model's name."""
 
-    def __init__(self, front: AsyncEngine, tokenizer, model_name: str):
+    def __init__(self, front: AsyncEngine, tokenizer, model_name: str, vocab_size: int | None = None):
         self.front, self.tokenizer, self.model_name = front, tokenizer, model_name
+        self.vocab_size = vocab_size            # the model's logits width (logit_bias ids are checked on it)
         self.metrics = Metrics(front)
 
 
@@ -68,33 +70,64 @@ async def completion_prompts(req: CompletionRequest, tokenizer, max_model_len: i
 async def chat_prompt(req: ChatCompletionRequest, tokenizer, max_model_len: int) -> list[list[int]]:
     if len(req.messages) > MAX_MESSAGES:
         raise APIError(400, f"messages holds {len(req.messages)} entries; at most {MAX_MESSAGES}", "messages")
+    check_text_fits([t for m in req.messages for t in m.texts()], tokenizer, max_model_len, "messages")
     messages = [m.as_template_input() for m in req.messages]
-    check_text_fits([m["content"] for m in messages], tokenizer, max_model_len, "messages")
+    if req.continue_final_message and req.generation_prompt():
+        raise APIError(400, "add_generation_prompt and continue_final_message cannot both be true",
+                       "add_generation_prompt")
     try:
-        return [await off_the_loop(tokenizer.apply_chat_template, messages)]
+        template_kwargs = tokenizer.check_template_kwargs(req.chat_template_kwargs or {})
+    except ValueError as e:
+        raise APIError(400, str(e), "chat_template_kwargs") from None
+    try:
+        return [await off_the_loop(functools.partial(
+            tokenizer.apply_chat_template, messages, req.generation_prompt(),
+            continue_final_message=req.continue_final_message, template_kwargs=template_kwargs))]
     except (ValueError, TypeError) as e:
         raise APIError(400, str(e), "messages") from None
 
 
-def sampling_params(req: SamplingFields, max_tokens: int | None, prompt_len: int, max_model_len: int):
+def logit_bias(req: SamplingFields, vocab_size: int | None) -> dict[int, float] | None:
+    """OpenAI's {"token id": bias} -> {token id: bias}, every id in the vocabulary."""
+    if req.logit_bias is None:
+        return None
+    if len(req.logit_bias) > MAX_LOGIT_BIAS:
+        raise APIError(400, f"logit_bias has {len(req.logit_bias)} entries; at most {MAX_LOGIT_BIAS}", "logit_bias")
+    bad = next((k for k in req.logit_bias if not (k.isascii() and k.isdigit())), None)
+    if bad is not None:
+        raise APIError(400, f"logit_bias keys are token ids (decimal integers as strings), got {bad!r:.40}",
+                       "logit_bias")
+    bias = {int(k): v for k, v in req.logit_bias.items()}
+    bad = next((t for t in bias if vocab_size is not None and t >= vocab_size), None)
+    if bad is not None:
+        raise APIError(400, f"logit_bias has token id {bad}, outside the vocabulary [0, {vocab_size})", "logit_bias")
+    return bias
+
+
+def sampling_params(req: SamplingFields, max_tokens: int | None, prompt_len: int, max_model_len: int,
+                    bias: dict[int, float] | None = None):
     """SamplingParams for one prompt. Without max_tokens, the request may run to
     max_model_len, as in vLLM. SamplingParams checks every range and names the field."""
     if max_tokens is None:
         max_tokens = max(1, max_model_len - prompt_len)
+    given = {k: v for k, v in dict(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
+                                   presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+                                   repetition_penalty=req.repetition_penalty).items() if v is not None}
     try:
-        return SamplingParams(n=req.n, max_tokens=max_tokens,
-                              temperature=1.0 if req.temperature is None else req.temperature,
-                              top_p=1.0 if req.top_p is None else req.top_p,
-                              top_k=0 if req.top_k is None else req.top_k,
-                              seed=req.seed, stop=req.stop, ignore_eos=req.ignore_eos,
-                              logprobs=req.logprobs_k())
+        return SamplingParams(n=req.n, max_tokens=max_tokens, seed=req.seed, stop=req.stop,
+                              stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos,
+                              logprobs=req.logprobs_k(), logit_bias=bias, min_tokens=req.min_tokens,
+                              include_stop_str_in_output=req.include_stop_str_in_output,
+                              skip_special_tokens=req.skip_special_tokens,
+                              spaces_between_special_tokens=req.spaces_between_special_tokens, **given)
     except (ValueError, TypeError) as e:
         raise bad_request(e) from None
 
 
 async def start(served: Served, http_request, req: SamplingFields, prompts: list[list[int]],
                 max_tokens: int | None, prefix: str) -> "Generation":
-    params = [sampling_params(req, max_tokens, len(p), served.front.max_model_len) for p in prompts]
+    bias = logit_bias(req, served.vocab_size)
+    params = [sampling_params(req, max_tokens, len(p), served.front.max_model_len, bias) for p in prompts]
     request_id = f"{prefix}-{uuid.uuid4().hex}"
     ids = [f"{request_id}-{i}" for i in range(len(prompts))]
     try:
@@ -103,14 +136,16 @@ async def start(served: Served, http_request, req: SamplingFields, prompts: list
         raise APIError(503, str(e), code="queue_full") from None
     except (ValueError, TypeError) as e:
         raise bad_request(e) from None
-    return Generation(served, http_request, stream, request_id, req.n)
+    return Generation(served, http_request, stream, request_id, req.n, [len(p) for p in prompts])
 
 
 class Generation:
     """One HTTP request's generation: its outputs as text deltas, or all at once."""
 
-    def __init__(self, served: Served, http_request, stream: RequestStream, request_id: str, n: int):
+    def __init__(self, served: Served, http_request, stream: RequestStream, request_id: str, n: int,
+                 prompt_lens: list[int]):
         self.http_request, self.stream, self.id, self.n = http_request, stream, request_id, n
+        self.prompt_tokens = sum(prompt_lens)
         self.clocks = [served.metrics.clock() for _ in stream.request_ids]
         self.last: list[RequestOutput | None] = [None] * len(stream.request_ids)
 
@@ -150,8 +185,9 @@ class Generation:
         return self.last
 
     def usage(self) -> Usage:
+        """The token counts so far (final once every output finished)."""
         outs = [o for o in self.last if o is not None]
-        prompt = sum(len(o.prompt_token_ids) for o in outs)
+        prompt = self.prompt_tokens
         completion = sum(len(c.token_ids) for o in outs for c in o.outputs)
         cached = sum(o.num_cached_tokens for o in outs)
         return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,

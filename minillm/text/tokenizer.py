@@ -5,6 +5,8 @@ pins down the few calls the engine makes, so no transformers API leaks upward.
 """
 from __future__ import annotations
 
+import inspect
+
 from ..utils.validate import is_int
 
 
@@ -15,6 +17,7 @@ class Tokenizer:
         if hf_tokenizer.eos_token_id is not None:
             eos.add(hf_tokenizer.eos_token_id)
         self.eos_token_ids: set[int] = eos
+        self.special_token_ids: set[int] = set(hf_tokenizer.all_special_ids) | eos
 
     @classmethod
     def from_folder(cls, folder, extra_eos_ids=None) -> "Tokenizer":
@@ -33,20 +36,51 @@ class Tokenizer:
                              "it cannot be tokenized") from None
         return list(self.hf.encode(text))
 
-    def decode(self, token_ids, skip_special_tokens: bool = True) -> str:
-        return self.hf.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+    def decode(self, token_ids, skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True) -> str:
+        """spaces_between_special_tokens: honoured by slow tokenizers only (fast ones, which every
+        model here has, never add those spaces), as in vLLM."""
+        return self.hf.decode(list(token_ids), skip_special_tokens=skip_special_tokens,
+                              spaces_between_special_tokens=spaces_between_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-        """Messages [{"role": ..., "content": ...}] -> the prompt token ids the model was trained on."""
-        if not getattr(self.hf, "chat_template", None):
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, *,
+                            continue_final_message: bool = False, template_kwargs: dict | None = None) -> list[int]:
+        """Messages [{"role": ..., "content": ...}] -> the prompt token ids the model was trained on.
+        An assistant message may carry "tool_calls" (its content then may be None) and a "tool"
+        message answers one: both go to the template as they are, and a template that cannot
+        render them is refused by name. `continue_final_message` leaves the last message open
+        (the reply continues it); `template_kwargs` are extra variables for the template."""
+        template = getattr(self.hf, "chat_template", None)
+        if not template:
             raise ValueError("this model's tokenizer has no chat template; use a plain prompt")
         check_messages(messages)
+        kwargs = self.check_template_kwargs(template_kwargs or {})
+        if add_generation_prompt and continue_final_message:
+            raise ValueError("add_generation_prompt and continue_final_message cannot both be true: "
+                             "the reply either starts a new assistant message or continues the last one")
+        tools = any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
+        if any(m.get("tool_calls") for m in messages) and "tool_calls" not in template:
+            raise ValueError(f"this model's chat template never reads 'tool_calls', so it would drop them: "
+                             f"{TOOLS_NEED_A_TEMPLATE}")
         try:
             text = self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                               tokenize=False)
+                                               continue_final_message=continue_final_message, tokenize=False,
+                                               **kwargs)
         except Exception as e:       # the template itself refused (jinja raises its own errors)
-            raise ValueError(f"the chat template could not render these messages: {e}") from None
+            hint = f"; {TOOLS_NEED_A_TEMPLATE}" if tools else ""
+            raise ValueError(f"the chat template could not render these messages: {e}{hint}") from None
         return [int(t) for t in self.hf.encode(self._valid_text(text), add_special_tokens=False)]
+
+    def check_template_kwargs(self, kwargs: dict) -> dict:
+        """Template variables only: never one of apply_chat_template's own parameters (a client
+        must not swap the template, or ask for tensors)."""
+        if not isinstance(kwargs, dict) or len(kwargs) > MAX_TEMPLATE_KWARGS:
+            raise ValueError(f"chat_template_kwargs must be a dict of at most {MAX_TEMPLATE_KWARGS} entries")
+        own = set(inspect.signature(self.hf.apply_chat_template).parameters) | {"messages", "conversation"}
+        bad = next((k for k in kwargs if not isinstance(k, str) or not k.isidentifier() or k in own), None)
+        if bad is not None:
+            raise ValueError(f"chat_template_kwargs may not set {bad!r}: it holds template variables "
+                             "(e.g. enable_thinking), not apply_chat_template's own arguments")
+        return kwargs
 
     @staticmethod
     def _valid_text(text: str) -> str:
@@ -57,16 +91,26 @@ class Tokenizer:
         return text
 
 
+MAX_TEMPLATE_KWARGS = 32
+TOOLS_NEED_A_TEMPLATE = ("tool messages (assistant tool_calls, role 'tool') need a chat template that "
+                         "supports them")
+
+
 def check_messages(messages) -> None:
-    """A conversation is a non-empty list of {"role": str, "content": str} dicts."""
+    """A conversation is a non-empty list of {"role": str, "content": str} dicts; an assistant
+    message with a non-empty "tool_calls" list may have content None."""
     if not isinstance(messages, (list, tuple)) or not messages:
         raise TypeError(f"messages must be a non-empty list of dicts, got {messages!r:.80}")
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise TypeError(f"messages[{i}] must be a dict with 'role' and 'content', got {m!r:.80}")
-        for key in ("role", "content"):
-            if not isinstance(m.get(key), str):
-                raise ValueError(f"messages[{i}]['{key}'] must be a string, got {m.get(key)!r:.80}")
+        if not isinstance(m.get("role"), str):
+            raise ValueError(f"messages[{i}]['role'] must be a string, got {m.get('role')!r:.80}")
+        calls = m.get("tool_calls")
+        if calls is not None and (m["role"] != "assistant" or not isinstance(calls, list)):
+            raise ValueError(f"messages[{i}]['tool_calls'] must be a list, in an assistant message")
+        if not isinstance(m.get("content"), str) and not (m.get("content") is None and calls):
+            raise ValueError(f"messages[{i}]['content'] must be a string, got {m.get('content')!r:.80}")
 
 
 def prompt_to_ids(tokenizer, prompt) -> list[int]:
