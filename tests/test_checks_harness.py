@@ -122,3 +122,46 @@ def test_check_block_hash_rejects_pythons_salted_hash():
         return (str(parent) + str(token_ids)).__hash__()
     with pytest.raises(AssertionError, match="fresh Python process"):
         check_block_hash(dunder)
+
+
+LESSON01_STUBBED_TOP_P = '''
+import torch
+from minillm.sample.sampler import make_generator
+
+def apply_top_k(logits, top_k):
+    raise NotImplementedError("YOUR CODE HERE")
+
+def apply_top_p(logits, top_p):
+    raise NotImplementedError("YOUR CODE HERE")
+
+def sample(logits, params, generators):
+    logits = logits.float()
+    tokens = logits.argmax(dim=-1)
+    for i, p in enumerate(params):
+        if p.greedy:
+            continue
+        row = apply_top_p(apply_top_k(logits[i] / p.temperature, p.top_k), p.top_p)
+        tokens[i] = torch.multinomial(row.softmax(dim=-1), 1, generator=generators[i])[0]
+    return tokens
+
+def broken_sample(logits, params, generators):
+    raise NotImplementedError("YOUR CODE HERE")
+'''
+
+
+def test_one_mistake_fails_one_exercise_the_references_stand_in_for_the_others():
+    """Lesson 01: a stubbed top-k/top-p fails their own checks only; sample is checked with the
+    reference top-k/top-p, generate_naive with the reference sampler; the notebook's names are
+    put back afterwards."""
+    from minillm.baselines import naive_generation
+    ns = {}
+    exec(compile(LESSON01_STUBBED_TOP_P, "<notebook cell 1>", "exec"), ns)
+    stub = ns["apply_top_p"]
+    assert checks.check_sampler(ns["sample"])
+    assert ns["apply_top_p"] is stub
+    with pytest.raises(checks.CheckFailed, match="not implemented"):
+        checks.check_top_p(ns["apply_top_p"])
+    with harness.references_standing_in(ns["sample"], {"sample": "check_sampler"}):
+        assert ns["sample"] is not ns["broken_sample"] and ns["sample"].__module__ == "minillm.sample.sampler"
+    assert ns["sample"].__code__.co_filename == "<notebook cell 1>"
+    assert naive_generation  # the reference module the lesson's generate_naive check runs against

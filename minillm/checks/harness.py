@@ -99,6 +99,28 @@ def passed_or_reference(yours, check: str):
     return reference
 
 
+@contextmanager
+def references_standing_in(fn, names: dict[str, str]):
+    """While the block runs, the global names `names` (name -> the grader of that exercise, e.g.
+    {"apply_top_p": "check_top_p"}) of `fn`'s module (a notebook's globals) are the references:
+    one exercise is then checked alone, and a mistake in another exercise it calls (a stub still
+    raising NotImplementedError) fails only that other exercise. Names `fn`'s globals do not
+    hold are left alone; every name is put back afterwards."""
+    space = getattr(fn, "__globals__", None)
+    saved = {}
+    if isinstance(space, dict):
+        for name, check in names.items():
+            if name in space:
+                module, attribute = REFERENCES[check].split(":")
+                saved[name] = space[name]
+                space[name] = getattr(importlib.import_module(module), attribute)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            space[name] = value
+
+
 class Grader:
     """Counts the cases of one check, turns a crash in your code into a hint, prints the verdict."""
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..sampling_params import SamplingParams
-from .harness import Grader, expect, greedy_tie, tiny_model, grader
+from .harness import Grader, expect, greedy_tie, grader, references_standing_in, tiny_model
 
 
 def _run_generate(g, fn, model, tokenizer, prompt, params, label):
@@ -65,8 +65,15 @@ def check_generate_naive(fn) -> bool:
     Checks greedy tokens equal the reference's, max_tokens is respected
     (finish_reason "length"), a token in stop_token_ids ends generation ("stop"),
     seeded sampling reproduces the reference's tokens, and on_token(step, token_id)
-    is called once per token.
+    is called once per token. The reference sampler (and top-k, top-p) stand in for the
+    notebook's own while it runs, so only a mistake in `generate_naive` fails this check.
     """
+    with references_standing_in(fn, {"sample": "check_sampler", "apply_top_k": "check_top_k",
+                                     "apply_top_p": "check_top_p"}):
+        return _check_generate_naive(fn)
+
+
+def _check_generate_naive(fn) -> bool:
     from ..baselines.naive_generation import generate_naive
 
     g = Grader("check_generate_naive", "generate_naive")
