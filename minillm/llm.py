@@ -83,6 +83,17 @@ class LLM:
     def stats(self) -> dict:
         return self.llm_engine.stats()
 
+    def shutdown(self) -> None:
+        """End whatever the engine still runs and free its blocks (see LLMEngine.shutdown)."""
+        with self._lock:
+            self.llm_engine.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
     @staticmethod
     def _prompt(p):
         if isinstance(p, str):

@@ -325,3 +325,26 @@ def test_an_abort_storm_of_300k_waiting_requests_drains_and_the_engine_serves_on
     assert not engine.output_processor.states
     out = engine.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 3
+
+
+def test_shutdown_ends_everything_and_frees_the_blocks(tiny_llama):
+    model, tokenizer, _ = tiny_llama
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    with LLMEngine(model, tokenizer, block_size=4, num_kv_blocks=64) as engine:
+        for i in range(3):
+            engine.add_request(str(i), [5, 6, 7 + i], params)
+        engine.step()
+        assert engine.stats()["kv_blocks_used"] > 0
+    assert not engine.has_unfinished_requests() and engine.stats()["kv_blocks_used"] == 0
+    assert not engine.scheduler.waiting and not engine.scheduler.running and not engine.output_processor.states
+    with LLM(model, tokenizer=tokenizer, block_size=4, num_kv_blocks=64) as llm:
+        assert len(llm.generate([{"prompt_token_ids": [5, 6]}], params, use_tqdm=False)[0].outputs[0].token_ids) == 20
+    assert llm.stats()["kv_blocks_used"] == 0
+
+
+def test_a_logit_bias_id_outside_the_vocabulary_is_refused_at_the_door(tiny_llama):
+    model, tokenizer, _ = tiny_llama
+    engine = LLMEngine(model, tokenizer, block_size=4, num_kv_blocks=64)
+    with pytest.raises(ValueError, match="logit_bias names token id"):
+        engine.add_request("r", [5, 6], SamplingParams(logit_bias={model.config.vocab_size: 1.0}))
+    assert not engine.has_unfinished_requests()

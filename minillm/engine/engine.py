@@ -112,6 +112,19 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests or self._held)
 
+    def shutdown(self) -> None:
+        """End every request (finish reason "abort") and free its blocks; the engine stays usable.
+        The server calls it when it stops; `with LLMEngine(...) as engine:` calls it on leaving."""
+        for request_id in list(self.requests):
+            self.abort_request(request_id)
+        self._held.clear()
+
+    def __enter__(self) -> "LLMEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
     def step(self) -> list[RequestOutput]:
         """One iteration. Returns an output for each request that made progress (plus any
         that a `generate` call stepped past for requests it did not own)."""

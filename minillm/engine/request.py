@@ -45,6 +45,9 @@ def check_request(request_id, prompt, params, priority, tokenizer, *, vocab_size
     bad = next((t for t in ids if not 0 <= t < vocab), None)
     if bad is not None:
         raise ValueError(f"prompt token id {bad} is outside the vocabulary: ids lie in [0, {vocab})")
+    bad = next((t for t in (params.logit_bias or {}) if not t < vocab), None)
+    if bad is not None:
+        raise ValueError(f"logit_bias names token id {bad}, outside the vocabulary: ids lie in [0, {vocab})")
     limit = max_model_len
     if len(ids) >= limit:
         raise ValueError(f"the prompt has {len(ids)} tokens; max_model_len is {limit} "

@@ -158,6 +158,7 @@ class AsyncEngine:
                 log.exception("the engine loop failed; failing every request in flight")
                 self._fail_all(e)
         self._fail_all(APIError(503, "the server is shutting down", code="server_shutdown"))
+        self.engine.shutdown()
 
     def _fail_all(self, error: Exception) -> None:
         for rid, stream in list(self._streams.items()):
