@@ -274,8 +274,19 @@ def test_greedy_with_penalties_equals_the_written_out_reference(tiny_llama, para
 
 
 def test_a_fault_in_the_logits_stage_ends_only_its_request(tiny_llama):
-    bad = SamplingParams(temperature=0, max_tokens=8, logit_bias={10**7: 1.0})     # outside the vocabulary
-    outs = run(tiny_llama, PROMPT_IDS, [EXTRAS[0], bad, EXTRAS[2], EXTRAS[1]])
+    """An id outside the vocabulary is refused at the door; one that slips past it (the
+    params changed after the request was accepted) ends only its own request."""
+    engine = LLMEngine(*tiny_llama, **OPTIONS)
+    with pytest.raises(ValueError, match="logit_bias names token id"):
+        engine.add_request("x", PROMPT_IDS[1], SamplingParams(logit_bias={10**7: 1.0}))
+    bad = SamplingParams(temperature=0, max_tokens=8, logit_bias={5: 1.0})
+    for i, params in enumerate([EXTRAS[0], bad, EXTRAS[2], EXTRAS[1]]):
+        engine.add_request(str(i), PROMPT_IDS[i], params)
+    bad.logit_bias = {10**7: 1.0}                      # slipped through: outside the vocabulary
+    final = {}
+    while engine.has_unfinished_requests():
+        final.update((o.request_id, o) for o in engine.step() if o.finished)
+    outs = [final[str(i)] for i in range(4)]
     assert outs[1].error is not None and "logit_bias" in outs[1].error
     assert outs[1].outputs[0].finish_reason == "error"
     for i, params in ((0, EXTRAS[0]), (2, EXTRAS[2]), (3, EXTRAS[1])):
