@@ -7,16 +7,44 @@ SUBMISSIONS is a folder that holds, for each student, either
 Both layouts may be mixed.
 
 Each notebook runs in its own process (pytest + nbval in lax mode: every cell runs, outputs
-are not compared) with a timeout. Every check cell of the lesson (found by the id and tag the
-course build writes: `check-<exercise>`, `minillm-check`) grades one exercise:
-  - passed: the check cell ran and passed, and no other cell before it raised;
+are not compared) with a timeout, as the learner ran it; nbval's tags and marker comments
+(`raises-exception`, `nbval-skip`, `# NBVAL_SKIP`, ...) are stripped from every cell first.
+Every check cell of the lesson (found by the id and tag the course build writes:
+`check-<exercise>`, `minillm-check`) grades one exercise:
+  - passed: the check cell is the course's (source and tags), it ran and passed, no other cell
+    before it raised, and the verdict outside the kernel (below) passed too;
   - failed with the check's message (its hint), or with "check cell missing" / "check cell
-    modified" when the student deleted or edited it, "the notebook raised before this check"
-    (with the first such error), "timed out", or "notebook could not be read".
+    modified" (its code, tags or nbval metadata differ from the course's), "the notebook raised
+    before this check" (with the first such error), "timed out", "notebook could not be read",
+    "tampering: ..." or "not written in the notebook: ...".
+
+The boundary: verdicts come from outside the student's kernel. Whatever the kernel printed,
+the grade is decided in a fresh `python -m minillm.course.verdict` process (no IPython) that
+imports the graders and the hidden checks BEFORE any student code and keeps its own
+references to them, runs the lesson's import statements and then only the student's exercise
+cells (the cells whose solution the build stubs, found by cell id), then every check, visible
+and hidden, and sends the verdicts back as JSON on its stdout. Code in other cells of the
+notebook never runs there, so it cannot reach a verdict (a monkeypatched grader,
+`set_custom_exc`, `input_transformers_post`, a `raises-exception` tag all stay in the kernel).
+An exercise is reported as tampering when its exercise cell touches the grading machinery:
+a static `ast` scan (`isolate.scan`: `minillm.checks` internals or `minillm.course`, IPython
+hooks such as `get_ipython`, `set_custom_exc`, `input_transformers_*`, `sys.modules`, frame,
+`gc` or `ctypes` introspection, nbval metadata, assignments to attributes of imported modules),
+and an identity check after each exercise cell ran (and after each check) that the graders,
+the package's functions and classes, `torch`'s and `builtins`' are still the originals (any
+replaced one is put back). A graded object must be the student's own: a function's code comes
+from a notebook cell, and a class defines every exercise method in the notebook (an import of
+the package's answer or an empty subclass of it is "not written in the notebook"). This stops
+the known ways of faking a verdict; it is not a sandbox against code that goes looking for the
+grader's process (the scan reports the introspection that would need).
+
 `--extra-checks MODULE` (a dotted module name, or a .py file) adds hidden checks: each
-function `lessonNN_<name>(namespace)` of the module runs, after the notebook's own cells, in
-the notebook's kernel with the notebook's globals; it fails by raising (AssertionError with a
-message), and is reported as the exercise `<name> (extra)`.
+function `lessonNN_<name>(namespace)` of the module runs in the verdict process, after the
+student's exercise cells, with `namespace` the names those cells and the lesson's imports
+define (not variables of other cells: build what a check needs inside it, e.g. with
+`minillm.checks.harness.tiny_model()`); it fails by raising (AssertionError with a message),
+and is reported as the exercise `<name> (extra)`, counted apart in the table
+(`3/3 + 2/2 hidden`). Hidden checks do not run when an exercise cell was found tampering.
 
 The exit status is 0 whatever the grades; 2 when the grading itself fails (no such folder,
 no notebook, a notebook nbval could not even start).
@@ -35,6 +63,7 @@ from pathlib import Path
 import nbformat
 
 from .build import CHECK_TAG, exercise_of, make_lesson, read, solution_paths
+from .isolate import finish_verdicts, module_names, plan, scan, start_verdicts, student_cells
 from .report import Record, table, write_csv, write_json
 from .run_notebook import run_notebook
 
@@ -150,18 +179,14 @@ def check_cell_differs(mine, course) -> str | None:
     return None
 
 
-def prepare(nb, extra: list[str], module: str | None, folder: str | None):
-    """The submission as it runs: outputs cleared, nbval's markers stripped from every cell,
-    the hidden checks appended."""
+def prepare(nb):
+    """The submission as it runs under nbval: outputs cleared, nbval's markers stripped from
+    every cell."""
     nb = nbformat.from_dict(json.loads(json.dumps(nb)))
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
         strip_nbval(cell)
-    for name in extra:
-        nb.cells.append(nbformat.v4.new_code_cell(
-            f"import importlib as _minillm_grade\n"
-            f"_minillm_grade.import_module({module!r}).{name}(globals())", id=f"extra-{name}"))
     return nb
 
 
@@ -178,11 +203,23 @@ def grade_notebook(sub: Submission, lesson, timeout: float, extra: dict, module:
         submitted = nbformat.read(str(sub.path), as_version=4)
     except Exception as e:  # not JSON, not a notebook
         return every(f"notebook could not be read: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
-    nb = prepare(submitted, extra_names, module, folder)
+    nb = prepare(submitted)
     original = {i: c for i, c in enumerate(c for c in submitted.cells if c.cell_type == "code")}
     code = [c for c in nb.cells if c.cell_type == "code"]
     position = {id(c): i for i, c in enumerate(code)}
-    checks = {c.get("id"): position[id(c)] for c in code if c.get("id", "").startswith(("check-", "extra-"))}
+    checks = {c.get("id"): position[id(c)] for c in code if c.get("id", "").startswith("check-")}
+
+    # the verdicts outside the kernel: the exercise cells again, in a plain Python of the grader's
+    the_plan = plan(lesson)
+    cells = student_cells(the_plan, code)
+    given = module_names(the_plan.prelude)
+    tampering = {}                              # exercise -> what the static scan found
+    for cell in cells:
+        found_here = scan(cell["source"], given)
+        for exercise in cell["exercises"] if found_here else []:
+            tampering.setdefault(exercise, []).extend(found_here)
+    hidden = {"module": module, "folder": folder, "functions": extra_names,
+              "labels": {n: f"{EXTRA_PREFIX.match(n)['name']} (extra)" for n in extra_names}} if extra_names else None
 
     found = {}                                  # exercise -> code index, or the reason it is not graded
     for exercise, cell in expected:
@@ -197,8 +234,6 @@ def grade_notebook(sub: Submission, lesson, timeout: float, extra: dict, module:
                 exercise, check_cell_differs(original[position[id(mine)]], cell))
         else:
             found[exercise] = position[id(mine)]
-    for name in extra_names:
-        found[f"{EXTRA_PREFIX.match(name)['name']} (extra)"] = checks[f"extra-{name}"]
     check_positions = {i for i in found.values() if isinstance(i, int)} | set(checks.values())
 
     if not code:                                # nothing to run: every check cell is missing
@@ -208,9 +243,28 @@ def grade_notebook(sub: Submission, lesson, timeout: float, extra: dict, module:
     if not ends and not timed_out:
         raise GradingError(f"{sub.path}: nbval did not run the notebook; pytest said:\n{output[-2000:]}")
 
+    # the verdicts outside the kernel, for what the kernel's run did not already fail (and the
+    # hidden checks): the exercise cells again, in a plain Python of the grader's own
+    def kernel_passed(exercise) -> bool:
+        at = found.get(exercise)
+        return (isinstance(at, int) and exercise not in tampering and ends.get(at, {}).get("passed", False)
+                and not any(not ends[i]["passed"] for i in ends if i < at and i not in check_positions))
+    wanted = [c for c in the_plan.checks if kernel_passed(c.exercise)]
+    verdicts, no_verdicts = {}, None
+    if wanted or hidden:
+        verdicts, no_verdicts = finish_verdicts(*start_verdicts(the_plan, cells, hidden, wanted), timeout)
+
     records = []
     for exercise in exercises:
-        at = found[exercise]
+        at = found.get(exercise)
+        if exercise.endswith(" (extra)"):
+            passed, message = verdicts.get(exercise, (False, no_verdicts or "hidden check not run"))
+            records.append(Record(sub.student, sub.lesson, exercise, passed, message))
+            continue
+        if exercise in tampering and not isinstance(at, str):
+            records.append(Record(sub.student, sub.lesson, exercise, False, "tampering: the exercise cell "
+                                  "reaches the grading machinery: " + ", ".join(dict.fromkeys(tampering[exercise]))))
+            continue
         if isinstance(at, str):
             records.append(Record(sub.student, sub.lesson, exercise, False, at))
             continue
@@ -230,7 +284,9 @@ def grade_notebook(sub: Submission, lesson, timeout: float, extra: dict, module:
                                   f"the notebook raised before this check, in cell {first['cell']}: "
                                   f"{first['error']}: {first['message']} ({verdict})"))
         elif end["passed"]:
-            records.append(Record(sub.student, sub.lesson, exercise, True, ""))
+            passed, message = verdicts.get(exercise, (False, no_verdicts or "not graded: no exercise cell for "
+                                                      "this check was found (its cell id or its definitions)"))
+            records.append(Record(sub.student, sub.lesson, exercise, passed, message))
         elif end.get("error") == "Timeout":
             records.append(Record(sub.student, sub.lesson, exercise, False,
                                   f"timed out: the check ran past the notebook's {timeout:g} s limit"))

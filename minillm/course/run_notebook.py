@@ -55,11 +55,13 @@ def run_notebook(nb, timeout: float, env_path: str | None = None) -> tuple[dict[
         nbformat.write(nb, str(path))
         (work / "pytest.ini").write_text("[pytest]\n")
         record = work / "record.jsonl"
-        env = dict(os.environ, MINILLM_GRADE_RECORD=str(record))
+        # only the two plugins grading needs: autoloading every installed one (hypothesis, anyio,
+        # xdist, ...) costs each notebook about two seconds of CPU
+        env = dict(os.environ, MINILLM_GRADE_RECORD=str(record), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
         env.setdefault("OMP_NUM_THREADS", "1")
         if env_path:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [env_path, env.get("PYTHONPATH")]))
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "minillm.course._record",
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "nbval", "-p", "minillm.course._record",
                "-c", str(work / "pytest.ini"), "--rootdir", str(work), "--nbval-lax", "--nbval-current-env",
                f"--nbval-cell-timeout={max(1, int(timeout))}", str(path)]
         proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

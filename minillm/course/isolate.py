@@ -1,0 +1,254 @@
+"""The grader's side of verdicts outside the student's kernel (see `grade.py` and `verdict.py`).
+
+`plan(lesson)` reads, from the course's lesson notebook, what each check grades: its exercise
+cells (the cells whose solution the build replaced by a stub), the objects its check cell
+passes to the grader, and, for a class, the exercise methods (those stubbed in the lesson).
+`scan(source)` is the static part of the tampering rule: an `ast` walk of an exercise cell
+for code that reaches the grading machinery instead of solving the exercise.
+`run_verdicts(...)` starts `python -m minillm.course.verdict` on a submission's exercise cells.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import secrets
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .build import SETUP_ID, STUB, exercise_of
+
+MAGIC = re.compile(r"^(\s*)[%!].*$", re.M)
+
+
+def python_source(source: str) -> str:
+    """A cell's source as plain Python: IPython magics and shell lines become `pass`."""
+    return MAGIC.sub(lambda m: m.group(1) + "pass", source)
+
+
+def parse(source: str):
+    try:
+        return ast.parse(python_source(source))
+    except SyntaxError:
+        return None
+
+
+@dataclass
+class Check:
+    exercise: str
+    grader: str
+    args: list[str]
+    objects: dict[str, list[str] | None] = field(default_factory=dict)   # graded name -> exercise methods
+
+
+@dataclass
+class Plan:
+    checks: list[Check]
+    cells: dict[str, list[str]]            # exercise cell id -> the exercises it defines objects for
+    names: dict[str, set[str]]             # exercise cell id -> top-level names it defines
+    prelude: list[str]                     # the lesson's own import statements
+
+
+def _defined(tree) -> dict[str, ast.AST]:
+    return {node.name: node for node in tree.body
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))} if tree else {}
+
+
+def _stubbed(node, lines: list[str]) -> bool:
+    return any(STUB[1] in line for line in lines[node.lineno - 1:node.end_lineno])
+
+
+def plan(lesson) -> Plan:
+    checks, cells, names, prelude, objects = [], {}, {}, [], {}
+    for cell in lesson.cells:
+        if cell.cell_type != "code" or cell.get("id") == SETUP_ID:
+            continue
+        exercise = exercise_of(cell)
+        tree = parse(cell.source)
+        if exercise:
+            call = next((n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                         and n.func.id == f"check_{exercise}"), None) if tree else None
+            args = [a.id for a in call.args if isinstance(a, ast.Name)] if call else []
+            checks.append(Check(exercise, f"check_{exercise}", args))
+        elif STUB[1] in cell.source:
+            lines = python_source(cell.source).split("\n")
+            names[cell.id] = set(_defined(tree))
+            for name, node in _defined(tree).items():
+                if isinstance(node, ast.ClassDef):
+                    objects[name] = [m.name for m in node.body
+                                     if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)) and _stubbed(m, lines)]
+                elif _stubbed(node, lines):
+                    objects[name] = None
+            cells[cell.id] = []
+        elif tree:
+            prelude += [ast.unparse(n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    for check in checks:
+        check.objects = {a: objects[a] for a in check.args if a in objects}
+        for cell_id in cells:
+            if names[cell_id] & set(check.args):
+                cells[cell_id].append(check.exercise)
+    return Plan(checks, cells, names, prelude)
+
+
+# ---------------------------------------------------------------- the static scan
+
+HOOKS = {"get_ipython", "set_custom_exc", "input_transformers_post", "input_transformers_cleanup",
+         "input_transformer_manager", "ast_transformers", "custom_exceptions", "showtraceback",
+         "_showtraceback", "register_magic_function", "_getframe", "settrace", "setprofile", "f_back",
+         "f_globals", "f_locals", "gi_frame", "tb_frame"}
+FORBIDDEN_MODULES = ("IPython", "ipykernel", "nbval", "nbformat", "nbclient", "jupyter_client", "gc", "ctypes",
+                     "minillm.course")
+ALLOWED_FROM_CHECKS = ("passed_or_reference", "CheckFailed")
+
+
+def _forbidden(module: str) -> bool:
+    return module.startswith("minillm.checks.") or any(module == m or module.startswith(m + ".")
+                                                       for m in FORBIDDEN_MODULES)
+WORDS = ("minillm.checks", "minillm.course", "nbval", "raises-exception", "set_custom_exc", "input_transformers",
+         "NBVAL_")
+
+
+def _base(node):
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def scan(source: str, given: set[str] = frozenset()) -> list[str]:
+    """What in an exercise cell reaches the grading machinery (empty for ordinary code). `given`:
+    the module names the lesson's imports bind (torch, ...)."""
+    tree = parse(source)
+    if tree is None:
+        return []
+    modules = set(given)
+    found = []
+
+    def flag(node, what):
+        found.append(f"{what} (line {getattr(node, 'lineno', '?')})")
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                modules.add((alias.asname or alias.name).split(".")[0])
+                if _forbidden(alias.name) or alias.name == "minillm.checks":
+                    flag(node, f"imports {alias.name}")
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if module.startswith("minillm"):
+                modules.update(a.asname or a.name for a in node.names)
+            if _forbidden(module):
+                flag(node, f"imports from {module}")
+            elif module == "minillm.checks" and any(a.name not in ALLOWED_FROM_CHECKS and not a.name.startswith("check_")
+                                                    for a in node.names):
+                flag(node, "imports minillm.checks' machinery")
+            elif module == "minillm" and any(a.name in ("checks", "course") for a in node.names):
+                flag(node, "imports minillm's graders")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in HOOKS:
+            flag(node, node.id)
+        elif isinstance(node, ast.Attribute) and node.attr in HOOKS:
+            flag(node, node.attr)
+        elif isinstance(node, ast.Attribute) and node.attr == "modules" and _base(node) == "sys":
+            flag(node, "sys.modules")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            word = next((w for w in WORDS if w in node.value), None)
+            if word:
+                flag(node, f"the text {word!r}")
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+            for target in targets:
+                for t in ast.walk(target):
+                    if isinstance(t, ast.Attribute) and _base(t) in modules:
+                        flag(node, f"assigns to {ast.unparse(t)}")
+                        break
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr") \
+                and node.args and _base(node.args[0]) in modules:
+            flag(node, f"{node.func.id}({ast.unparse(node.args[0])}, ...)")
+    return list(dict.fromkeys(found))
+
+
+def module_names(prelude: list[str], every: bool = False) -> set[str]:
+    """The names import statements bind: modules, and what is imported from the package (every
+    name imported, with every=True)."""
+    names = set()
+    for source in prelude:
+        for node in ast.parse(source).body:
+            if isinstance(node, ast.Import):
+                names.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and (every or (node.module or "").startswith("minillm")):
+                names.update(a.asname or a.name for a in node.names)
+    return names
+
+
+# ---------------------------------------------------------------- the run
+
+def student_cells(the_plan: Plan, code: list) -> list[dict]:
+    """The submission's exercise cells, in notebook order: by the course's cell id, else (a cell
+    the student re-created) the code cell that defines the exercise's names."""
+    chosen = {}
+    for cell_id, exercises in the_plan.cells.items():
+        at = next((i for i, c in enumerate(code) if c.get("id") == cell_id), None)
+        if at is None:
+            wanted = the_plan.names[cell_id]
+            at = next((i for i in range(len(code) - 1, -1, -1)
+                       if not exercise_of(code[i]) and wanted & set(_defined(parse(code[i].source)))), None)
+        if at is not None:
+            chosen.setdefault(at, []).extend(exercises)
+    return [{"index": i, "source": python_source(code[i].source), "exercises": chosen[i]} for i in sorted(chosen)]
+
+
+def needed_imports(prelude: list[str], cells: list[dict]) -> list[str]:
+    """The lesson's import statements that bind a name the exercise cells use (importing
+    matplotlib or the server for a cell that needs only torch would cost every notebook a
+    second); a cell that does not parse keeps them all."""
+    used = set()
+    for cell in cells:
+        tree = parse(cell["source"])
+        if tree is None:
+            return prelude
+        used |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    return [source for source in prelude if module_names([source], every=True) & used]
+
+
+def start_verdicts(the_plan: Plan, cells: list[dict], extra: dict | None, checks: list[Check] | None = None):
+    """Start the verdict process for `checks` (default: all of the plan's); returns (process,
+    work folder, nonce)."""
+    work = Path(tempfile.mkdtemp(prefix="minillm-verdict-"))
+    nonce = secrets.token_hex(16)
+    checks = the_plan.checks if checks is None else checks
+    job = {"nonce": nonce, "prelude": needed_imports(the_plan.prelude, cells), "cells": cells,
+           "checks": [{"exercise": c.exercise, "grader": c.grader, "args": c.args, "objects": c.objects}
+                      for c in checks], "extra": extra}
+    (work / "job.json").write_text(json.dumps(job), encoding="utf-8")
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    package_root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+    with open(work / "job.json", encoding="utf-8") as stdin:
+        proc = subprocess.Popen([sys.executable, "-m", "minillm.course.verdict"], cwd=work, env=env, stdin=stdin,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return proc, work, nonce
+
+
+def finish_verdicts(proc, work: Path, nonce: str, timeout: float) -> tuple[dict[str, tuple[bool, str]], str | None]:
+    """(exercise -> (passed, message), why there are no verdicts or None)."""
+    import shutil
+
+    from .run_notebook import _kill_tree
+    try:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_tree(proc)
+            return {}, f"timed out: grading the exercise cells again ran past the {timeout:g} s limit"
+        line = next((x for x in reversed(stdout.splitlines()) if x.startswith(nonce)), None)
+        if line is None:
+            tail = " | ".join(stderr.strip().splitlines()[-3:])[-300:]
+            return {}, f"the exercise cells, run again for grading, ended the process (exit {proc.returncode}): {tail}"
+        return {r["exercise"]: (r["passed"], r["message"]) for r in json.loads(line[len(nonce):])}, None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
