@@ -44,12 +44,47 @@ WRONG = {
     "copy_on_write": ("04", "                self.allocator.free(block)\n", "", "block"),
 }
 
-EXTRA = '''
-def lesson03_allocator_hands_out_every_block(ns):
-    allocator = ns["BlockAllocator"](3)
-    got = sorted(allocator.allocate() for _ in range(3))
-    assert got == [0, 1, 2], f"allocating 3 blocks of 3 gave {got}"
+
+def readme_hidden_checks() -> str:
+    """The hidden-check file README.md's instructor section shows, exactly as printed there."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"```python\n(# my_hidden_checks\.py.*?)```", text, re.S)
+    assert block, "README.md's instructor section lost its hidden-check example"
+    return block.group(1)
+
+
+EXTRA = readme_hidden_checks()
+
+STUB = 'raise NotImplementedError("YOUR CODE HERE")'
+HONEST_ROPE = '''def apply_rope(x, cos, sin):
+    """Rotate pairs (x1, x2) of the two halves of the last dimension by the given angles."""
+    def halves(t):                       # a helper of my own
+        return torch.chunk(t, 2, dim=-1)
+
+    x1, x2 = halves(x.float())
+    rotated = torch.cat((x2.neg(), x1), dim=-1)
+    return (x.float() * cos + rotated * sin).to(x.dtype)
 '''
+
+# student -> (lesson, how the submission is changed, words the attacked exercise's message must hold)
+CHEATS = {
+    "cheat_import": ("00", lambda nb: exercise_cell(nb, "c19", "from minillm.models.llama import apply_rope"),
+                     ["not written in the notebook", "minillm.models.llama"]),
+    "cheat_subclass": ("03", lambda nb: exercise_cell(
+        nb, "c09", "from minillm.kv import block_allocator as reference\nNoFreeBlocksError = reference.NoFreeBlocksError\n\n\n"
+                   "class BlockAllocator(reference.BlockAllocator):\n    pass\n"),
+                       ["not written in the notebook", "inherited from minillm.kv.block_allocator.BlockAllocator"]),
+    "cheat_tag": ("00", lambda nb: tag(nb, "check-rope", "raises-exception"), ["check cell modified", "raises-exception"]),
+    "cheat_monkeypatch": ("00", lambda nb: append(nb, "c19", "import minillm.checks\n"
+                                                 "minillm.checks.check_rope = lambda f: print('✅ check_rope passed')"),
+                          ["tampering", "minillm.checks.check_rope"]),
+    "cheat_custom_exc": ("00", lambda nb: append(nb, "c19", "get_ipython().set_custom_exc((Exception,), "
+                                                 "lambda shell, etype, value, tb, tb_offset=None: None)"),
+                         ["tampering", "set_custom_exc"]),
+    "cheat_transformer": ("00", lambda nb: append(nb, "c19", "get_ipython().input_transformers_post.append(\n"
+                                                  "    lambda lines: [l.replace('check_rope(', 'print(') for l in lines])"),
+                          ["tampering", "input_transformers_post"]),
+}
 
 
 def notebook(lesson: str, stubs: bool):
@@ -69,6 +104,22 @@ def notebook(lesson: str, stubs: bool):
 def replace(nb, old: str, new: str):
     cell = next(c for c in nb.cells if old in c.source)
     cell.source = cell.source.replace(old, new, 1)
+    return nb
+
+
+def exercise_cell(nb, cell_id: str, source: str):
+    next(c for c in nb.cells if c.get("id") == cell_id).source = source
+    return nb
+
+
+def append(nb, cell_id: str, source: str):
+    cell = next(c for c in nb.cells if c.get("id") == cell_id)
+    cell.source += "\n" + source
+    return nb
+
+
+def tag(nb, cell_id: str, name: str):
+    next(c for c in nb.cells if c.get("id") == cell_id).metadata["tags"].append(name)
     return nb
 
 
@@ -106,6 +157,9 @@ def graded(tmp_path_factory):
     write(deleted, folder / "tamper" / LESSONS["03"])
     edited = notebook("00", stubs=False)
     write(replace(edited, "check_rope(apply_rope)", "print('skipped')"), folder / "tamper" / LESSONS["00"])
+    for student, (lesson, cheat, _) in CHEATS.items():         # each on the stubs: nothing honest to pass
+        write(cheat(notebook(lesson, stubs=True)), folder / student / LESSONS[lesson])
+    write(exercise_cell(notebook("00", stubs=True), "c19", HONEST_ROPE), folder / "honest" / LESSONS["00"])
     out = tmp_path_factory.mktemp("out")
     OUT[:] = [out]
     (out / "hidden_checks.py").write_text(EXTRA)
@@ -115,14 +169,14 @@ def graded(tmp_path_factory):
 def test_reference_passes_everything(graded):
     stdout, records = graded
     mine = {k: r for k, r in records.items() if k[0] == "reference"}
-    assert len(mine) == 7 and all(r["passed"] for r in mine.values()), mine   # 6 exercises + 1 hidden check
-    assert re.search(r"^reference +1/1 +3/3 +3/3$", stdout, re.M), stdout
+    assert len(mine) == 8 and all(r["passed"] for r in mine.values()), mine   # 6 exercises + 2 hidden checks
+    assert re.search(r"^reference +1/1 +2/2 \+ 2/2 hidden +3/3$", stdout, re.M), stdout
 
 
 def test_stubs_fail_everything_with_not_implemented(graded):
     _, records = graded
     mine = {k: r for k, r in records.items() if k[0] == "stubs"}
-    assert len(mine) == 7 and not any(r["passed"] for r in mine.values())
+    assert len(mine) == 8 and not any(r["passed"] for r in mine.values())
     for (_, _, exercise), r in mine.items():
         if "extra" not in exercise:
             assert "not implemented yet" in r["message"], r
@@ -148,9 +202,29 @@ def test_deleted_or_edited_check_cell_fails_that_exercise(graded):
     assert not records["tamper", "00", "rope"]["passed"]
 
 
+@pytest.mark.parametrize("student", list(CHEATS))
+def test_a_cheat_gets_nothing_for_the_attacked_exercise(graded, student):
+    """1 the package's answer imported, 2 an empty subclass of the reference, 3 a raises-exception
+    tag on the check cell, 4 the grader monkeypatched, 5 set_custom_exc swallowing failures,
+    6 an input transformer rewriting the check call: each passes under nbval, none is graded so."""
+    _, records = graded
+    lesson, _, words = CHEATS[student]
+    attacked = EXERCISES[lesson][0]
+    r = records[student, lesson, attacked]
+    assert not r["passed"], r
+    for word in words:
+        assert word in r["message"], r
+
+
+def test_an_honest_answer_with_its_own_helpers_passes(graded):
+    _, records = graded
+    assert records["honest", "00", "rope"]["passed"], records["honest", "00", "rope"]
+
+
 def test_csv_and_table(graded, tmp_path):
     stdout, records = graded
-    assert re.search(r"^student +00 +03 +04$", stdout, re.M) and re.search(r"^stubs +0/1 +0/3 +0/3$", stdout, re.M)
+    assert re.search(r"^student +00 +03 +04$", stdout, re.M), stdout
+    assert re.search(r"^stubs +0/1 +0/2 \+ 0/2 hidden +0/3$", stdout, re.M), stdout
     assert "  stubs 03 block_allocator: your allocator is not implemented yet" in stdout
     import csv
     rows = list(csv.DictReader(open(OUT[0] / "grades.csv", encoding="utf-8")))
@@ -194,6 +268,41 @@ def test_table_shows_passed_over_total_and_first_hint():
     text = table(records)
     assert re.search(r"^ann +1/2$", text, re.M) and re.search(r"^bob +0/2$", text, re.M)
     assert "ann 03 b: wrong slot" in text and "more" not in text
+
+
+VERDICT_CELLS = {
+    "patched_at_run_time": "import importlib\n"
+                           "grading = importlib.import_module('minillm' + '.che' + 'cks')\n"
+                           "setattr(grading, 'check_' + 'rope', lambda f: True)\n"
+                           "from minillm.models.llama import apply_rope as _theirs\n"
+                           "def apply_rope(x, cos, sin):\n    return _theirs(x, cos, sin)\n",
+    "alias_in_a_def": "from minillm.models import llama\napply_rope = llama.apply_rope\n",
+    "honest": HONEST_ROPE + "print('my own test:', apply_rope(torch.zeros(1, 2), torch.ones(1, 2), "
+                            "torch.zeros(1, 2)))\nmodel.forward  # a variable of another cell: ignored here\n",
+    "exits": "import sys\nsys.exit(0)\n" + HONEST_ROPE,
+}
+
+
+@pytest.mark.parametrize("case", list(VERDICT_CELLS))
+def test_verdict_process_alone(case):
+    """The verdict process on one exercise cell, without nbval: a grader replaced at run time (the
+    static scan cannot see it) is put back, reported, and the real check still decides; an alias
+    is not the student's; an honest cell passes though a line of it needs another cell's
+    variable; an exit in the cell ends nothing of the grader's."""
+    from minillm.course.isolate import finish_verdicts, plan, start_verdicts, student_cells
+    lesson = make_lesson(read(REPO / "solutions" / LESSONS["00"]), "solutions/" + LESSONS["00"])
+    the_plan = plan(lesson)
+    code = [c for c in lesson.cells if c.cell_type == "code"]
+    exercise_cell(lesson, "c19", VERDICT_CELLS[case])
+    verdicts, why = finish_verdicts(*start_verdicts(the_plan, student_cells(the_plan, code), None), 120)
+    assert why is None, why
+    passed, message = verdicts["rope"]
+    if case == "patched_at_run_time":
+        assert not passed and "tampering" in message and "minillm.checks.check_rope" in message, message
+    elif case == "alias_in_a_def":
+        assert not passed and "not written in the notebook" in message, message
+    else:
+        assert passed, message
 
 
 def test_nbval_markers_are_stripped_and_check_cell_metadata_compared():
