@@ -2,10 +2,21 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from .build import MarkerError, build, check, strip
+
+
+def default_jobs() -> int:
+    """Notebooks graded at once by default: each runs a kernel and a verdict process of about one
+    core each, so half the cores this process may use (at least 1)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, cores // 2)
 
 
 def grade_parser() -> argparse.ArgumentParser:
@@ -20,7 +31,8 @@ def grade_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", type=Path, help='write [{"student", "lesson", "exercise", "passed", "message"}]')
     parser.add_argument("--extra-checks", help="hidden checks: a module (dotted name or .py file) of "
                                                "functions lessonNN_<name>(namespace)")
-    parser.add_argument("--jobs", type=int, default=1, help="notebooks graded at once (default 1)")
+    parser.add_argument("--jobs", type=int, default=default_jobs(),
+                        help=f"notebooks graded at once (default {default_jobs()}: what this machine can take)")
     parser.add_argument("--root", type=Path, default=None,
                         help="the checkout whose solutions/ define the lessons (default: . when it has "
                              "solutions/, else the package's own checkout)")

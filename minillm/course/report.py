@@ -21,19 +21,32 @@ def first_line(message: str, width: int = 150) -> str:
     return line if len(line) <= width else line[: width - 1] + "…"
 
 
+HIDDEN = " (extra)"       # how grade.py names the exercise of a hidden check
+
+
+def score(rs: list[Record]) -> str:
+    """`3/3`, or with hidden checks `3/3 + 2/2 hidden` (the lesson's checks, then the hidden ones)."""
+    shown = [r for r in rs if not r.exercise.endswith(HIDDEN)]
+    hidden = [r for r in rs if r.exercise.endswith(HIDDEN)]
+    text = f"{sum(r.passed for r in shown)}/{len(shown)}"
+    return text + (f" + {sum(r.passed for r in hidden)}/{len(hidden)} hidden" if hidden else "")
+
+
 def table(records: list[Record]) -> str:
-    """student × lesson: passed / total; then, per failed exercise, its first failure's hint."""
+    """student × lesson: passed / total (hidden checks apart: `3/3 + 2/2 hidden`); then, per
+    failed exercise, its first failure's hint."""
     students = list(dict.fromkeys(r.student for r in records))
     lessons = sorted({r.lesson for r in records})
     cell = {}
     for s in students:
         for lesson in lessons:
             rs = [r for r in records if r.student == s and r.lesson == lesson]
-            cell[s, lesson] = f"{sum(r.passed for r in rs)}/{len(rs)}" if rs else "-"
+            cell[s, lesson] = score(rs) if rs else "-"
     width = max(len("student"), *(len(s) for s in students))
-    lines = ["student".ljust(width) + "".join(f"  {lesson:>6}" for lesson in lessons)]
+    columns = {lesson: max(6, *(len(cell[s, lesson]) for s in students)) for lesson in lessons}
+    lines = ["student".ljust(width) + "".join(f"  {lesson:>{columns[lesson]}}" for lesson in lessons)]
     for s in students:
-        lines.append(s.ljust(width) + "".join(f"  {cell[s, lesson]:>6}" for lesson in lessons))
+        lines.append(s.ljust(width) + "".join(f"  {cell[s, lesson]:>{columns[lesson]}}" for lesson in lessons))
     failed = [r for r in records if not r.passed]
     if failed:
         lines += ["", "failed exercises (first failure's hint):"]
