@@ -306,7 +306,7 @@ def test_verdict_process_alone(case):
 
 
 def test_nbval_markers_are_stripped_and_check_cell_metadata_compared():
-    from minillm.course.grade import check_cell_differs, strip_nbval
+    from minillm.course.check_cells import check_cell_differs, strip_nbval
     course = nbformat.v4.new_code_cell("from minillm.checks import check_rope\n\ncheck_rope(apply_rope)")
     course.metadata["tags"] = ["minillm-check"]
     mine = nbformat.from_dict(json.loads(json.dumps(course)))

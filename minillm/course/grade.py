@@ -52,7 +52,6 @@ no notebook, a notebook nbval could not even start).
 from __future__ import annotations
 
 import importlib.util
-import json
 import re
 import sys
 import time
@@ -63,6 +62,7 @@ from pathlib import Path
 import nbformat
 
 from .build import CHECK_TAG, exercise_of, make_lesson, read, solution_paths
+from .check_cells import check_cell_differs, prepare
 from .isolate import finish_verdicts, module_names, plan, scan, start_verdicts, student_cells
 from .report import Record, table, write_csv, write_json
 from .run_notebook import run_notebook
@@ -140,54 +140,6 @@ def load_extra_checks(spec: str | None) -> tuple[dict[str, list[str]], str | Non
     if not by_lesson:
         raise GradingError(f"--extra-checks {spec}: no function named lessonNN_<name>(namespace)")
     return by_lesson, name, folder
-
-
-# nbval's own markers (nbval.plugin: comment_markers, metadata_tags): a student who adds one to a
-# cell changes how nbval judges it (`raises-exception` makes a failing check cell pass, `nbval-skip`
-# skips it), so they are taken off every cell before a submission runs.
-NBVAL_COMMENTS = ("NBVAL_IGNORE_OUTPUT", "NBVAL_CHECK_OUTPUT", "NBVAL_RAISES_EXCEPTION", "NBVAL_SKIP",
-                  "PYTEST_VALIDATE_IGNORE_OUTPUT")
-NBVAL_TAGS = frozenset({"raises-exception"} | {c.lower().replace("_", "-") for c in NBVAL_COMMENTS})
-NBVAL_COMMENT = re.compile(r"^(\s*)#+\s*(?:" + "|".join(NBVAL_COMMENTS) + r")\s*$", re.M)
-
-
-def strip_nbval(cell) -> None:
-    """Remove nbval's tags and marker comments from `cell`, in place (a marker line becomes `#`,
-    so line numbers stay)."""
-    tags = cell.metadata.get("tags")
-    if isinstance(tags, list):
-        cell.metadata["tags"] = [t for t in tags if t not in NBVAL_TAGS]
-    if cell.cell_type == "code":
-        cell.source = NBVAL_COMMENT.sub(lambda m: m.group(1) + "#", cell.source)
-
-
-def check_cell_differs(mine, course) -> str | None:
-    """How a student's check cell differs from the course's (its source, its tags or nbval
-    markers), or None when it is the course's."""
-    if mine.source.strip() != course.source.strip():
-        return "its code was edited"
-    tags = mine.metadata.get("tags", [])
-    tags = tags if isinstance(tags, list) else [repr(tags)]
-    theirs = set(course.metadata.get("tags", []))
-    if set(tags) != theirs:
-        added, removed = sorted(set(tags) - theirs), sorted(theirs - set(tags))
-        return "its tags were changed (" + "; ".join(
-            ([f"added {', '.join(added)}"] if added else []) + ([f"removed {', '.join(removed)}"] if removed else [])) + ")"
-    extra = sorted(k for k in mine.metadata if "nbval" in k.lower() and k not in course.metadata)
-    if extra:
-        return f"its metadata gained {', '.join(extra)}"
-    return None
-
-
-def prepare(nb):
-    """The submission as it runs under nbval: outputs cleared, nbval's markers stripped from
-    every cell."""
-    nb = nbformat.from_dict(json.loads(json.dumps(nb)))
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            cell.outputs, cell.execution_count = [], None
-        strip_nbval(cell)
-    return nb
 
 
 def grade_notebook(sub: Submission, lesson, timeout: float, extra: dict, module: str | None,
