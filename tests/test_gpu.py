@@ -126,7 +126,7 @@ def test_dtype_auto_on_cuda_is_bfloat16_where_the_gpu_has_it_else_float16():
     from minillm import LLM
     llm = LLM("tiny-llama", device="cuda", num_kv_blocks=16)
     assert llm.llm_engine.model.dtype == expected and llm.llm_engine.kv_cache.k[0].dtype == expected
-    out = llm.generate([[1000, 1001, 1002]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True),
+    out = llm.generate([{"prompt_token_ids": [1000, 1001, 1002]}], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True),
                        use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 4
 

@@ -8,7 +8,7 @@ from minillm.engine.resolved_config import available_bytes
 from conftest import get_model
 
 
-@pytest.mark.parametrize("options", [dict(num_kv_blocks=10_000_000), dict(kv_cache_memory_bytes=10**15),
+@pytest.mark.parametrize("options", [dict(num_kv_blocks=10**9), dict(kv_cache_memory_bytes=10**15),
                                      dict(num_kv_blocks=1000, preemption_mode="swap", swap_space=10**9)])
 def test_a_pool_past_the_machine_is_refused_with_the_budget(options):
     model, tokenizer, _ = get_model("tiny-llama")
@@ -19,7 +19,7 @@ def test_a_pool_past_the_machine_is_refused_with_the_budget(options):
 def test_the_budget_is_reported_and_the_engine_still_builds_after_a_refusal():
     model, tokenizer, _ = get_model("tiny-llama")
     with pytest.raises(ValueError):
-        LLMEngine(model, tokenizer, num_kv_blocks=10_000_000)
+        LLMEngine(model, tokenizer, num_kv_blocks=10**9)
     engine = LLMEngine(model, tokenizer, num_kv_blocks=64, block_size=4, preemption_mode="swap")
     memory = engine.stats()["config"]["memory"]
     assert memory["kv_pool"] == 64 * engine.kv_cache.k[0][0].numel() * 4 * 2 * model.config.num_hidden_layers
