@@ -23,10 +23,15 @@ characters; we hold only a tail that really is the beginning of a stop string.
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 REPLACEMENT_CHAR = "\ufffd"
 
 
-class IncrementalDetokenizer:
+class DetokenizerBase(ABC):
+    """The state every incremental detokenizer starts from; `add`, `flush` and `settled_text`
+    are what lesson 07's exercise writes (its class subclasses this, not the reference)."""
+
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.token_ids: list[int] = []
@@ -34,6 +39,21 @@ class IncrementalDetokenizer:
         self.prefix_offset = 0     # window start: the tokens of the last emitted delta
         self.read_offset = 0       # the first token whose text is not yet emitted
         self.pending = ""          # the held-back tail as it decodes now (may end in U+FFFD)
+
+    @abstractmethod
+    def add(self, token_id: int) -> str:
+        """Feed one token; return the text it completes ("" while a character is unfinished)."""
+
+    @abstractmethod
+    def flush(self) -> str:
+        """Emit the held-back tail as it decodes now; call once, when generation has ended."""
+
+    @abstractmethod
+    def settled_text(self, stop: list[str]) -> str:
+        """`self.text` without its longest tail that is the beginning of a stop string."""
+
+
+class IncrementalDetokenizer(DetokenizerBase):
 
     def add(self, token_id: int) -> str:
         """Feed one token; return the text it completes ("" while a character is unfinished)."""
