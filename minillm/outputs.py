@@ -40,3 +40,5 @@ class RequestOutput:
     num_cached_tokens: int = 0       # prompt tokens served from the prefix cache
     metrics: RequestMetrics | None = None
     error: str | None = None         # why the request ended with finish_reason "error"
+    prompt_logprobs: list[dict | None] | None = None   # SamplingParams(prompt_logprobs=k): None, then a
+                                                       # {token_id: Logprob} per prompt token after the first

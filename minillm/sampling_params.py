@@ -40,6 +40,7 @@ class SamplingParams(Validated):
     stop_token_ids: list[int] | None = None   # token ids that end generation
     ignore_eos: bool = False          # keep going after EOS (benchmarks)
     logprobs: int | None = None       # report the sampled token's logprob and the top k (minillm/sample/logprobs.py)
+    prompt_logprobs: int | None = None  # each prompt token's logprob and the top k (a cached prefix is recomputed)
     # vLLM's extras on the logits (minillm/sample/logits_processors.py says how and in which order)
     presence_penalty: float = 0.0     # [-2, 2]: minus this for every token already generated (OpenAI's)
     frequency_penalty: float = 0.0    # [-2, 2]: minus this times how often each token was generated
@@ -83,6 +84,7 @@ class SamplingParams(Validated):
         object.__setattr__(self, "stop_token_ids", list(ids))
         check_bool(name, "ignore_eos", self.ignore_eos)
         check_int(name, "logprobs", self.logprobs, minimum=0, maximum=MAX_LOGPROBS, optional=True)
+        check_int(name, "prompt_logprobs", self.prompt_logprobs, minimum=0, maximum=MAX_LOGPROBS, optional=True)
         for penalty in ("presence_penalty", "frequency_penalty"):
             check_number(name, penalty, getattr(self, penalty), "a number in [-2, 2]", lambda x: -2 <= x <= 2)
         check_number(name, "repetition_penalty", self.repetition_penalty, "a number > 0 (1 = off)", lambda x: x > 0)

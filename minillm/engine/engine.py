@@ -194,7 +194,8 @@ class LLMEngine:
         try:
             self._record_schedule(plan)
             if faults.move_blocks(self.runner.apply_block_ops, plan) and plan.scheduled:
-                samplers, logits = faults.forward(self.runner.execute, plan.scheduled)   # one flat forward
+                samplers, logits, scores = faults.forward(self.runner.execute, plan.scheduled)  # one flat forward
+                self.output_processor.record_prompt_logprobs(scores)
                 for seq, n in plan.scheduled:                                         # their K/V are in
                     if not seq.is_finished:
                         faults.guarded(seq, "recording computed tokens", self.scheduler.mark_computed, seq, n)

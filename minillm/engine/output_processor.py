@@ -3,7 +3,8 @@
 Per sequence (keyed by `seq_id`) it holds what carries behaviour or grows with the text:
   - the seeded `torch.Generator` (lesson 01: a seeded request's draws are its own);
   - the StopChecker with its incremental detokenizer (stop strings, streamed text);
-  - the logprobs collected, when the request asked for them.
+  - the logprobs collected, when the request asked for them (prompt logprobs with the
+    request's first sequence: its other samples fork after the prompt).
 The scheduler, the block manager and the runner see only `Sequence`, which pickles.
 As vLLM's OutputProcessor, it lives with the engine's front, never in a worker.
 """
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..outputs import CompletionOutput, RequestOutput
-from ..sample.logprobs import token_logprobs
+from ..sample.logprobs import PromptLogprobs, token_logprobs
 from ..sample.sampler import make_generator
 from ..text.stopping import StopChecker
 from .request import Request
@@ -26,6 +27,7 @@ class SequenceState:
     generator: torch.Generator | None
     stopper: StopChecker
     logprobs: list[dict] | None = field(default=None)
+    prompt_logprobs: list[dict | None] | None = field(default=None)   # [None] + one per later prompt token
 
 
 class OutputProcessor:
@@ -54,6 +56,27 @@ class OutputProcessor:
         state.logprobs = state.logprobs if state.logprobs is not None else []
         state.logprobs.append(token_logprobs(logits, token, seq.params.logprobs, self.tokenizer))
 
+    def record_prompt_logprobs(self, scores: list[PromptLogprobs]) -> None:
+        """A prefill chunk's prompt scores, put at their positions (a recomputed chunk after a
+        preemption writes the same values again)."""
+        for chunk in scores:
+            state = self.states.get(chunk.seq_id)
+            if state is None:          # the request ended in this step
+                continue
+            entries = chunk.as_dicts(self.tokenizer)
+            end = chunk.first_position + len(entries)
+            state.prompt_logprobs = state.prompt_logprobs or [None]
+            state.prompt_logprobs += [None] * (end - len(state.prompt_logprobs))
+            state.prompt_logprobs[chunk.first_position:end] = entries
+
+    def prompt_logprobs(self, req: Request) -> list[dict | None] | None:
+        """vLLM's `RequestOutput.prompt_logprobs`: None for the first token, then {token_id:
+        Logprob} per prompt token; given once the whole prompt is scored (None before)."""
+        if req.params.prompt_logprobs is None:
+            return None
+        scored = self.states[req.seqs[0].seq_id].prompt_logprobs or [None]
+        return scored if len(scored) == len(req.prompt_ids) else None
+
     def output(self, req: Request) -> RequestOutput:
         outs = []
         for s in req.seqs:
@@ -61,7 +84,7 @@ class OutputProcessor:
             outs.append(CompletionOutput(s.index, state.stopper.text, list(s.output_token_ids), s.finish_reason,
                                          None if state.logprobs is None else list(state.logprobs)))
         return RequestOutput(req.request_id, req.prompt, req.prompt_ids, outs, req.finished,
-                             req.seqs[0].num_cached_tokens, req.metrics, req.error)
+                             req.seqs[0].num_cached_tokens, req.metrics, req.error, self.prompt_logprobs(req))
 
     def remove(self, req: Request) -> None:
         """The request left the engine: forget its sequences' state."""

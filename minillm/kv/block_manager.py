@@ -57,9 +57,11 @@ class BlockManager:
     def _cached_prefix(self, seq) -> tuple[list[bytes], list[int]]:
         """Hashes of the sequence's full blocks and the cached blocks it can reuse. At
         least one token is always left to compute: the step that samples the next token
-        must run the model on something, so a fully cached prompt drops its last block."""
+        must run the model on something, so a fully cached prompt drops its last block.
+        A request for prompt logprobs reuses nothing: the logits of the cached positions were
+        never kept, so its prompt is recomputed (it still fills the cache for others)."""
         hashes = self._prompt_hashes(seq.token_ids)
-        if self.prefix_cache is None:
+        if self.prefix_cache is None or seq.params.prompt_logprobs is not None:
             return hashes, []
         cached = self.prefix_cache.lookup(hashes)
         if len(cached) * self.block_size >= len(seq):

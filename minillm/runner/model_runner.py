@@ -3,7 +3,8 @@
 The scheduler says "sequence s feeds its next n tokens"; the runner turns that into
 input ids, positions and the paged attention layout, runs the forward once for
 everyone, and returns the logits of the sequences whose last fed token is their
-newest one (a prompt chunk that ends mid-prompt samples nothing yet).
+newest one (a prompt chunk that ends mid-prompt samples nothing yet), plus, for requests
+that ask for prompt logprobs, the scores of the prompt tokens this chunk predicts.
 
 A pure decode step (every sequence feeds its one newest token) can take a faster
 road with static shapes (`static_decode.py`): compiled with `compile=True`
@@ -17,6 +18,7 @@ import torch
 from ..attention import make_backend
 from ..attention.paged import PagedStep, slot_mapping
 from ..kv.paged_cache import PagedKVCache
+from ..sample.logprobs import PromptLogprobs, score_prompt_tokens
 from .compiled_decode import CompiledDecodeStep
 from .cuda_graphs import CUDAGraphDecode, capture_safe
 from .engine_model import model_for_engine
@@ -53,16 +55,18 @@ class ModelRunner:
         self.kv_cache.apply(ops)
 
     @torch.inference_mode()
-    def execute(self, scheduled: list[tuple[object, int]]) -> tuple[list, torch.Tensor]:
-        """scheduled: [(sequence, num_new_tokens)]. Returns (sequences that sample, logits [S, V])."""
+    def execute(self, scheduled: list[tuple[object, int]]) -> tuple[list, torch.Tensor, list[PromptLogprobs]]:
+        """scheduled: [(sequence, num_new_tokens)]. Returns (sequences that sample, their logits
+        [S, V], the prompt logprobs this step computed)."""
         if self.run_decode is not None and is_pure_decode(scheduled):
             seqs = [s for s, _ in scheduled]
             if self.static_step.fits(seqs):
-                return seqs, self.run_decode(seqs)
+                return seqs, self.run_decode(seqs), []
         device = self.kv_cache.device
-        input_ids, rows, samplers = [], [], []
+        input_ids, rows, samplers, scored = [], [], [], []
         for seq, n in scheduled:
             start = seq.num_computed_tokens
+            scored += [(seq, start, len(input_ids), n)] if seq.params.prompt_logprobs is not None else []
             input_ids += seq.token_ids[start:start + n]
             if start + n == len(seq):                 # fed everything it has: predicts the next token
                 rows.append(len(input_ids) - 1)
@@ -73,9 +77,23 @@ class ModelRunner:
                                self.slot_mapping_fn)
         self.kv_cache.set_step(step)
         hidden = self.model(torch.tensor(input_ids, device=device), step.positions, self.kv_cache)
+        prompt_logprobs = [p for p in (self.score_prompt(hidden, *s) for s in scored) if p is not None]
         if not rows:
-            return [], hidden.new_zeros(0, 0)
-        return samplers, self.model.compute_logits(hidden[torch.tensor(rows, device=device)])
+            return [], hidden.new_zeros(0, 0), prompt_logprobs
+        return samplers, self.model.compute_logits(hidden[torch.tensor(rows, device=device)]), prompt_logprobs
+
+    def score_prompt(self, hidden, seq, start: int, offset: int, n: int) -> PromptLogprobs | None:
+        """The logprobs of the prompt tokens that this chunk's positions start .. start+n-1
+        predict (position p predicts token p+1; the prompt's last position predicts the
+        first generated token, which is sampled, not scored)."""
+        prompt = seq.prompt_token_ids
+        count = min(start + n, len(prompt) - 1) - start
+        if count <= 0:
+            return None
+        targets = prompt[start + 1:start + 1 + count]
+        scores = score_prompt_tokens(self.model.compute_logits, hidden[offset:offset + count], targets,
+                                     seq.params.prompt_logprobs)
+        return PromptLogprobs(seq.seq_id, start + 1, targets, *scores)
 
 
 def is_pure_decode(scheduled) -> bool:
