@@ -59,16 +59,17 @@ CASES = [
     ("missing prompt", "POST", "/v1/completions", without(OK, "prompt"), AUTH, 400, "prompt"),
     ("prompt is a number", "POST", "/v1/completions", with_(OK, prompt=1.5), AUTH, 400, "prompt"),
     ("prompt is an empty list", "POST", "/v1/completions", with_(OK, prompt=[]), AUTH, 400, "prompt"),
-    ("prompt is an empty id list", "POST", "/v1/completions", with_(OK, prompt=[[]]), AUTH, 400, None),
+    ("prompt is an empty id list", "POST", "/v1/completions", with_(OK, prompt=[[]]), AUTH, 400, "prompt"),
+    ("prompt is an empty string", "POST", "/v1/completions", with_(OK, prompt=""), AUTH, 400, "prompt"),
     ("prompt mixes ids and text", "POST", "/v1/completions", with_(OK, prompt=[1, "a"]), AUTH, 400, "prompt"),
-    ("token id outside the vocab", "POST", "/v1/completions", with_(OK, prompt=[10**9]), AUTH, 400, None),
-    ("negative token id", "POST", "/v1/completions", with_(OK, prompt=[5, -1]), AUTH, 400, None),
+    ("token id outside the vocab", "POST", "/v1/completions", with_(OK, prompt=[10**9]), AUTH, 400, "prompt"),
+    ("negative token id", "POST", "/v1/completions", with_(OK, prompt=[5, -1]), AUTH, 400, "prompt"),
     ("bool token id", "POST", "/v1/completions", with_(OK, prompt=[True, 5]), AUTH, 400, "prompt"),
-    ("prompt longer than the context", "POST", "/v1/completions", with_(OK, prompt=[5] * 200), AUTH, 400, None),
-    ("max_tokens past the context", "POST", "/v1/completions", with_(OK, max_tokens=1000), AUTH, 400, None),
+    ("prompt longer than the context", "POST", "/v1/completions", with_(OK, prompt=[5] * 200), AUTH, 400, "prompt"),
+    ("max_tokens past the context", "POST", "/v1/completions", with_(OK, max_tokens=1000), AUTH, 400, "max_tokens"),
     ("n = 0", "POST", "/v1/completions", with_(OK, n=0), AUTH, 400, "n"),
     ("n is a string", "POST", "/v1/completions", with_(OK, n="2"), AUTH, 400, "n"),
-    ("n above max_num_seqs", "POST", "/v1/completions", with_(OK, n=50), AUTH, 400, None),
+    ("n above max_num_seqs", "POST", "/v1/completions", with_(OK, n=50), AUTH, 400, "n"),
     ("max_tokens = 0", "POST", "/v1/completions", with_(OK, max_tokens=0), AUTH, 400, "max_tokens"),
     ("max_tokens is a float", "POST", "/v1/completions", with_(OK, max_tokens=1.5), AUTH, 400, "max_tokens"),
     ("negative temperature", "POST", "/v1/completions", with_(OK, temperature=-1), AUTH, 400, "temperature"),
@@ -85,7 +86,9 @@ CASES = [
     ("ignore_eos is a string", "POST", "/v1/completions", with_(OK, ignore_eos="yes"), AUTH, 400, "ignore_eos"),
     ("logprobs over 20", "POST", "/v1/completions", with_(OK, logprobs=21), AUTH, 400, "logprobs"),
     ("logprobs negative", "POST", "/v1/completions", with_(OK, logprobs=-1), AUTH, 400, "logprobs"),
-    ("echo asked for", "POST", "/v1/completions", with_(OK, echo=True), AUTH, 400, "echo"),
+    ("suffix asked for", "POST", "/v1/completions", with_(OK, suffix="x"), AUTH, 400, "suffix"),
+    ("prompt_logprobs streamed", "POST", "/v1/completions", with_(OK, prompt_logprobs=1, stream=True), AUTH, 400,
+     "prompt_logprobs"),
     ("presence penalty out of range", "POST", "/v1/completions", with_(OK, presence_penalty=2.5), AUTH, 400,
      "presence_penalty"),
     ("unknown field", "POST", "/v1/completions", with_(OK, temprature=0.5), AUTH, 400, "temprature"),
@@ -181,7 +184,7 @@ def test_the_openai_client_raises_the_matching_exceptions(server):
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=server.url + "/v1", api_key="bad", max_retries=0).models.list()
     with pytest.raises(openai.BadRequestError, match="not supported"):
-        client.completions.create(model="tiny-llama", prompt="x", echo=True)
+        client.completions.create(model="tiny-llama", prompt="x", suffix="y")
 
 
 def test_full_waiting_queue_is_a_503(tiny):

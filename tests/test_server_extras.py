@@ -229,7 +229,8 @@ def post(client, path, body):
     ("/v1/completions", {"stop_token_ids": [1.5]}, "stop_token_ids.0"),
     ("/v1/completions", {"stream": True, "stream_options": {"continuous_usage_stats": "yes"}},
      "stream_options.continuous_usage_stats"),
-    ("/v1/completions", {"echo": True}, "echo"),
+    ("/v1/completions", {"prompt_logprobs": 21}, "prompt_logprobs"),
+    ("/v1/chat/completions", {"prompt_logprobs": 2, "stream": True}, "prompt_logprobs"),
     ("/v1/completions", {"suffix": "x"}, "suffix"),
     ("/v1/completions", {"best_of": 3}, "best_of"),
     ("/v1/chat/completions", {"chat_template_kwargs": {"chat_template": "{{ 1 }}"}}, "chat_template_kwargs"),
@@ -250,7 +251,7 @@ def test_bad_extras_and_unsupported_fields_are_a_400_by_name(client, path, body,
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == param, error
-    if param in ("echo", "suffix", "best_of"):
+    if param in ("suffix", "best_of"):
         assert "not supported" in error["message"]
     assert "is not valid; expected one of" not in error["message"]
 

@@ -12,7 +12,7 @@ from ..outputs import RequestMetrics
 from ..sampling_params import SamplingParams
 from .sequence import Sequence
 from ..text.tokenizer import prompt_to_ids
-from ..utils.validate import is_int
+from ..utils.validate import is_int, refuse
 
 
 class Request:
@@ -44,19 +44,18 @@ def check_request(request_id, prompt, params, priority, tokenizer, *, vocab_size
     vocab = vocab_size
     bad = next((t for t in ids if not 0 <= t < vocab), None)
     if bad is not None:
-        raise ValueError(f"prompt token id {bad} is outside the vocabulary: ids lie in [0, {vocab})")
+        refuse("prompt", f"prompt token id {bad} is outside the vocabulary: ids lie in [0, {vocab})")
     bad = next((t for t in (params.logit_bias or {}) if not t < vocab), None)
     if bad is not None:
-        raise ValueError(f"logit_bias names token id {bad}, outside the vocabulary: ids lie in [0, {vocab})")
+        refuse("logit_bias", f"logit_bias names token id {bad}, outside the vocabulary: ids lie in [0, {vocab})")
     limit = max_model_len
     if len(ids) >= limit:
-        raise ValueError(f"the prompt has {len(ids)} tokens; max_model_len is {limit} "
+        refuse("prompt", f"the prompt has {len(ids)} tokens; max_model_len is {limit} "
                          "(prompt + at least one generated token): shorten the prompt")
     if len(ids) + params.max_tokens > limit:
-        raise ValueError(f"the prompt ({len(ids)} tokens) plus max_tokens={params.max_tokens} is more than "
+        refuse("max_tokens", f"the prompt ({len(ids)} tokens) plus max_tokens={params.max_tokens} is more than "
                          f"max_model_len={limit}: lower max_tokens to at most {limit - len(ids)}")
     seats = max_num_seqs
     if params.n > seats:
-        raise ValueError(f"n={params.n} samples need {params.n} sequences running at once; "
-                         f"max_num_seqs is {seats}")
+        refuse("n", f"n={params.n} samples need {params.n} sequences running at once; max_num_seqs is {seats}")
     return ids

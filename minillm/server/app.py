@@ -27,10 +27,11 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from .async_engine import AsyncEngine, RequestStream
 from .errors import APIError, error_body, install_error_handlers
 from .guards import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES, Guards
-from .protocol import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
-                       ChatCompletionResponse, CompletionChoice, CompletionRequest, CompletionResponse, Delta,
-                       ModelCard, ModelList)
-from .logprobs import chat_logprobs, completion_logprobs
+from .protocol import ChatCompletionRequest, CompletionRequest
+from .responses import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse,
+                        CompletionChoice, CompletionResponse, Delta, ModelCard, ModelList)
+from .echo import Echo
+from .logprobs import chat_logprobs, completion_logprobs, prompt_logprobs_json
 from .serving import Served, chat_prompt, check_options, completion_prompts, start
 
 log = logging.getLogger("minillm.server")
@@ -77,7 +78,9 @@ def build_app(engine, model_name: str, *, api_key: str | None = None,
     async def completions(req: CompletionRequest, request: Request):
         check_options(req, served)
         prompts = await completion_prompts(req, served.tokenizer, front.max_model_len)
-        gen = await start(served, request, req, prompts, req.max_tokens_asked(), "cmpl")
+        echo = await Echo.of(req, prompts, served.tokenizer) if req.echo else None
+        gen = await start(served, request, req, prompts, 1 if req.score_only() else req.max_tokens_asked(), "cmpl")
+        gen.score_only = req.score_only()
         now = int(time.time())
 
         def response(choices, usage=None):
@@ -90,20 +93,27 @@ def build_app(engine, model_name: str, *, api_key: str | None = None,
             async def chunks():
                 offsets: dict[int, int] = {}
                 async for k, text, finish, steps in gen.deltas():
-                    lp = None
-                    if steps is not None:
-                        lp = completion_logprobs(*steps, k_top, offsets.get(k, 0))
-                        offsets[k] = offsets.get(k, 0) + sum(len(t) for t in lp.tokens)
+                    lp = None if steps is None else completion_logprobs(*steps, k_top, offsets.get(k, 0))
+                    if echo is not None and k not in offsets:          # the choice's first chunk
+                        text, lp = echo.prepend(k // req.n, gen.last[k // req.n], text, lp)
+                    offsets[k] = lp.text_offset[-1] + len(lp.tokens[-1]) if lp and lp.tokens else offsets.get(k, 0)
                     yield response([CompletionChoice(index=k, text=text, finish_reason=finish, logprobs=lp)],
                                    gen.usage() if every else None)
                 if req.stream_options and req.stream_options.include_usage:
                     yield response([], gen.usage())
             return server_sent_events(chunks())
         outs = await gen.final()
-        choices = [CompletionChoice(index=i * req.n + c.index, text=c.text, finish_reason=c.finish_reason,
-                                    logprobs=None if c.logprobs is None else
-                                    completion_logprobs(c.logprobs, c.token_ids, k_top))
-                   for i, out in enumerate(outs) for c in out.outputs]
+        choices = []
+        for i, out in enumerate(outs):
+            for c in out.outputs:
+                text, token_ids, steps = gen.shown(c)
+                lp = None if steps is None else completion_logprobs(steps, token_ids, k_top)
+                if echo is not None:
+                    text, lp = echo.prepend(i, out, text, lp)
+                choices.append(CompletionChoice(
+                    index=i * req.n + c.index, text=text, finish_reason=gen.finish_reason(c), logprobs=lp,
+                    prompt_logprobs=prompt_logprobs_json(out.prompt_logprobs) if req.prompt_logprobs is not None
+                    else None))
         return response(sorted(choices, key=lambda c: c.index), gen.usage())
 
     @app.post("/v1/chat/completions")
@@ -138,7 +148,8 @@ def build_app(engine, model_name: str, *, api_key: str | None = None,
         choices = [ChatChoice(index=c.index, message=AssistantMessage(content=c.text), finish_reason=c.finish_reason,
                               logprobs=None if c.logprobs is None else chat_logprobs(c.logprobs, c.token_ids, k_top))
                    for c in sorted(out.outputs, key=lambda c: c.index)]
-        return ChatCompletionResponse(id=gen.id, created=now, model=model_name, choices=choices, usage=gen.usage())
+        return ChatCompletionResponse(id=gen.id, created=now, model=model_name, choices=choices, usage=gen.usage(),
+                                      prompt_logprobs=prompt_logprobs_json(out.prompt_logprobs))
 
     return app
 

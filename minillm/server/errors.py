@@ -7,7 +7,6 @@ exception. A bug of ours is a 500 in the same shape, and its traceback goes to o
 from __future__ import annotations
 
 import logging
-import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -37,10 +36,9 @@ def error_response(status: int, message: str, param=None, code=None, headers=Non
 
 
 def bad_request(e: Exception) -> APIError:
-    """A ValueError/TypeError from SamplingParams or add_request: the client's mistake. Their
-    messages name the field ("SamplingParams.top_p must be ..."), which becomes `param`."""
-    field = re.match(r"SamplingParams\.(\w+)", str(e))
-    return APIError(400, str(e), field.group(1) if field else None)
+    """A ValueError/TypeError from SamplingParams or add_request: the client's mistake. Those
+    that one field caused name it (`utils.validate.refuse`), which becomes `param`."""
+    return APIError(400, str(e), getattr(e, "param", None))
 
 
 def _describe(errors: list[dict]) -> tuple[str, str | None]:

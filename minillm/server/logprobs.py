@@ -8,7 +8,7 @@ Both report the model's distribution before penalties, temperature and top-p (se
 """
 from __future__ import annotations
 
-from .protocol import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
+from .responses import ChatLogprobs, CompletionLogprobs, PromptLogprob, TokenLogprob, TopLogprob
 
 
 def _token(lp) -> str:
@@ -38,3 +38,13 @@ def chat_logprobs(steps: list[dict], token_ids: list[int], k: int) -> ChatLogpro
         top = sorted((lp for lp in step.values() if lp.rank <= k), key=lambda lp: lp.rank)
         content.append(TokenLogprob(**entry(step[token]), top_logprobs=[TopLogprob(**entry(lp)) for lp in top]))
     return ChatLogprobs(content=content)
+
+
+def prompt_logprobs_json(prompt_logprobs: list | None) -> list | None:
+    """The engine's prompt_logprobs in vLLM's JSON shape: None, then {"token id": {logprob, rank,
+    decoded_token}} per prompt token."""
+    if prompt_logprobs is None:
+        return None
+    return [None if entry is None else
+            {str(t): PromptLogprob(logprob=lp.logprob, rank=lp.rank, decoded_token=lp.decoded_token)
+             for t, lp in entry.items()} for entry in prompt_logprobs]

@@ -1,9 +1,9 @@
-"""The OpenAI API's requests and responses as pydantic models (the subset we serve).
+"""The OpenAI API's requests as pydantic models (the subset we serve; responses.py has the answers).
 
 Requests are strict: a field of the wrong type is refused, never coerced (`"n": "2"` or
 `"max_tokens": 1.5` is a 400, as with OpenAI), and an unknown field is refused too, so a
 client never believes an option took effect when it was silently dropped. Options we
-know but do not implement (echo, suffix, best_of other than n) are accepted only at their
+know but do not implement (suffix, best_of other than n) are accepted only at their
 neutral value; `unsupported()` names any that is set.
 Ranges (temperature in [0, 100], top_p in (0, 1], penalties in [-2, 2], ...) are checked
 once, by `SamplingParams`, which the engine needs anyway.
@@ -56,9 +56,13 @@ class SamplingFields(Strict):
     spaces_between_special_tokens: StrictBool = True
     ignore_eos: StrictBool = False
     priority: StrictInt = 0
+    prompt_logprobs: Optional[StrictInt] = None    # each prompt token's logprob and the top k (not streamed)
 
     def logprobs_k(self) -> Optional[int]:
         return None
+
+    def prompt_logprobs_k(self) -> Optional[int]:
+        return self.prompt_logprobs
 
     def max_tokens_asked(self) -> Optional[int]:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -84,9 +88,20 @@ class CompletionRequest(SamplingFields):
         return self.logprobs
 
     def unsupported(self) -> Optional[str]:
-        if self.echo or self.suffix or (self.best_of is not None and self.best_of != self.n):
-            return "echo" if self.echo else ("suffix" if self.suffix else "best_of")
+        if self.suffix or (self.best_of is not None and self.best_of != self.n):
+            return "suffix" if self.suffix else "best_of"
         return super().unsupported()
+
+    def score_only(self) -> bool:
+        """echo with max_tokens 0: the prompt and its logprobs, nothing generated (lm-eval's
+        loglikelihood requests). The engine samples one token, which is not shown."""
+        return self.echo and self.max_tokens_asked() == 0
+
+    def prompt_logprobs_k(self) -> Optional[int]:
+        """echo with logprobs needs the prompt's logprobs (as vLLM: at least as many as logprobs)."""
+        if self.echo and self.logprobs is not None:
+            return max(self.logprobs, self.prompt_logprobs or 0)
+        return self.prompt_logprobs
 
 
 class TextPart(Strict):
@@ -174,108 +189,3 @@ class ChatCompletionRequest(SamplingFields):
 
     def generation_prompt(self) -> bool:
         return not self.continue_final_message if self.add_generation_prompt is None else self.add_generation_prompt
-
-
-# -- responses -----------------------------------------------------------------------
-
-class CompletionLogprobs(BaseModel):
-    tokens: list[str] = []
-    token_logprobs: list[float] = []
-    top_logprobs: list[dict[str, float]] = []
-    text_offset: list[int] = []
-
-
-class TopLogprob(BaseModel):
-    token: str
-    logprob: float
-    bytes: Optional[list[int]] = None
-
-
-class TokenLogprob(TopLogprob):
-    top_logprobs: list[TopLogprob] = []
-
-
-class ChatLogprobs(BaseModel):
-    content: list[TokenLogprob] = []
-
-
-class PromptTokensDetails(BaseModel):
-    cached_tokens: int = 0
-
-
-class Usage(BaseModel):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    total_tokens: int = 0
-    prompt_tokens_details: PromptTokensDetails = PromptTokensDetails()
-
-
-class CompletionChoice(BaseModel):
-    index: int
-    text: str
-    logprobs: Optional[CompletionLogprobs] = None
-    finish_reason: Optional[str] = None
-
-
-class CompletionResponse(BaseModel):
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: Optional[Usage] = None
-
-
-class AssistantMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str
-
-
-class ChatChoice(BaseModel):
-    index: int
-    message: AssistantMessage
-    logprobs: Optional[ChatLogprobs] = None
-    finish_reason: Optional[str] = None
-
-
-class ChatCompletionResponse(BaseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage
-
-
-class Delta(BaseModel):
-    role: Optional[Literal["assistant"]] = None
-    content: Optional[str] = None
-
-
-class ChatChunkChoice(BaseModel):
-    index: int
-    delta: Delta
-    logprobs: Optional[ChatLogprobs] = None
-    finish_reason: Optional[str] = None
-
-
-class ChatCompletionChunk(BaseModel):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChatChunkChoice]
-    usage: Optional[Usage] = None
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int
-    owned_by: str = "minillm"
-    max_model_len: int
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]

@@ -25,7 +25,8 @@ from .async_engine import AsyncEngine, QueueFull, RequestStream
 from .errors import APIError, bad_request
 from .limits import MAX_MESSAGES, check_prompt_count, check_text_fits, off_the_loop
 from .metrics import Metrics
-from .protocol import ChatCompletionRequest, CompletionRequest, PromptTokensDetails, SamplingFields, Usage
+from .protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from .responses import PromptTokensDetails, Usage
 
 
 class Served:
@@ -46,6 +47,8 @@ def check_options(req: SamplingFields, served: Served) -> None:
         raise APIError(400, f"{name} is not supported yet", name, "unsupported_parameter")
     if req.stream_options is not None and not req.stream:
         raise APIError(400, "stream_options is only allowed when stream is true", "stream_options")
+    if req.prompt_logprobs is not None and req.stream:
+        raise APIError(400, "prompt_logprobs is not available with stream=true (as in vLLM)", "prompt_logprobs")
 
 
 async def completion_prompts(req: CompletionRequest, tokenizer, max_model_len: int) -> list[list[int]]:
@@ -116,7 +119,8 @@ def sampling_params(req: SamplingFields, max_tokens: int | None, prompt_len: int
     try:
         return SamplingParams(n=req.n, max_tokens=max_tokens, seed=req.seed, stop=req.stop,
                               stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos,
-                              logprobs=req.logprobs_k(), logit_bias=bias, min_tokens=req.min_tokens,
+                              logprobs=req.logprobs_k(), prompt_logprobs=req.prompt_logprobs_k(),
+                              logit_bias=bias, min_tokens=req.min_tokens,
                               include_stop_str_in_output=req.include_stop_str_in_output,
                               skip_special_tokens=req.skip_special_tokens,
                               spaces_between_special_tokens=req.spaces_between_special_tokens, **given)
@@ -140,11 +144,13 @@ async def start(served: Served, http_request, req: SamplingFields, prompts: list
 
 
 class Generation:
-    """One HTTP request's generation: its outputs as text deltas, or all at once."""
+    """One HTTP request's generation: its outputs as text deltas, or all at once. With
+    `score_only` (echo and max_tokens 0) the one token the engine samples is not shown."""
 
     def __init__(self, served: Served, http_request, stream: RequestStream, request_id: str, n: int,
                  prompt_lens: list[int]):
         self.http_request, self.stream, self.id, self.n = http_request, stream, request_id, n
+        self.score_only = False
         self.prompt_tokens = sum(prompt_lens)
         self.clocks = [served.metrics.clock() for _ in stream.request_ids]
         self.last: list[RequestOutput | None] = [None] * len(stream.request_ids)
@@ -164,17 +170,28 @@ class Generation:
                     raise APIError(500, f"the engine failed this request: {error}", code="engine_error")
                 for o in out.outputs:
                     k = i * self.n + o.index
-                    text = o.text[len(sent.get(k, "")):]
-                    finish = o.finish_reason if o.finish_reason and k not in reported else None
+                    text = "" if self.score_only else o.text[len(sent.get(k, "")):]
+                    finish = self.finish_reason(o) if o.finish_reason and k not in reported else None
                     if text or finish:
                         sent[k] = o.text
                         if finish:
                             reported.add(k)
                         steps = None
-                        if o.logprobs is not None:
+                        if o.logprobs is not None and not self.score_only:
                             first, sent_tokens[k] = sent_tokens.get(k, 0), len(o.logprobs)
                             steps = (o.logprobs[first:], o.token_ids[first:len(o.logprobs)])
                         yield k, text, finish, steps
+
+    def finish_reason(self, choice) -> str | None:
+        """"length" for a score-only request (it asked for no tokens), else the engine's reason."""
+        return "length" if self.score_only and choice.finish_reason not in (None, "abort", "error") \
+            else choice.finish_reason
+
+    def shown(self, choice) -> tuple[str, list[int], list | None]:
+        """(text, token ids, logprob steps) of a finished choice as the client sees them."""
+        if self.score_only:
+            return "", [], None
+        return choice.text, choice.token_ids, choice.logprobs
 
     async def final(self) -> list[RequestOutput]:
         """Run to the end; the last output of each prompt."""
@@ -188,7 +205,7 @@ class Generation:
         """The token counts so far (final once every output finished)."""
         outs = [o for o in self.last if o is not None]
         prompt = self.prompt_tokens
-        completion = sum(len(c.token_ids) for o in outs for c in o.outputs)
+        completion = 0 if self.score_only else sum(len(c.token_ids) for o in outs for c in o.outputs)
         cached = sum(o.num_cached_tokens for o in outs)
         return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
                      prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))

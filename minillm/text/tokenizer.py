@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import inspect
 
-from ..utils.validate import is_int
+from ..utils.validate import is_int, refuse
 
 
 class Tokenizer:
@@ -124,11 +124,11 @@ def prompt_to_ids(tokenizer, prompt) -> list[int]:
     elif isinstance(prompt, (list, tuple)):
         bad = next((t for t in prompt if not is_int(t)), None)
         if bad is not None:
-            raise TypeError(f"prompt token ids must be integers, got {bad!r:.40} "
-                            f"({type(bad).__name__}) in the prompt")
+            refuse("prompt", f"prompt token ids must be integers, got {bad!r:.40} ({type(bad).__name__}) "
+                         "in the prompt", TypeError)
         ids = [int(t) for t in prompt]
     else:
         raise TypeError(f"a prompt is a string or a list of token ids, got {type(prompt).__name__}")
     if not ids:
-        raise ValueError("the prompt is empty")
+        refuse("prompt", "the prompt is empty")
     return ids

@@ -19,8 +19,15 @@ def is_number(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+def refuse(field: str, message: str, error=ValueError):
+    """Raise `error(message)` naming the field at fault in `.param` (the server's `param`)."""
+    e = error(message)
+    e.param = field
+    raise e
+
+
 def fail(owner: str, name: str, allowed: str, value, error=ValueError):
-    raise error(f"{owner}.{name} must be {allowed}, got {value!r:.80}")
+    refuse(name, f"{owner}.{name} must be {allowed}, got {value!r:.80}", error)
 
 
 def check_int(owner: str, name: str, value, minimum: int | None = None, maximum: int | None = None,
