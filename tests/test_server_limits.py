@@ -74,8 +74,13 @@ def test_stop_strings_past_the_limit_are_a_400_naming_stop(server):
 
 
 def test_prompts_times_n_count_against_the_waiting_queue(server):
-    r = post(server, {**OK, "prompt": ["a", "b", "c"], "n": 3})          # 9 sequences > 6 waiting places
-    assert r.status_code == 503 and "adds 9" in r.json()["error"]["message"], r.text
+    """9 sequences > 6 waiting places: it could never be admitted, so a 400 (not a 503, which
+    tells a client to retry); a full queue's 503 is test_server_errors' test."""
+    r = post(server, {**OK, "prompt": ["a", "b", "c"], "n": 3})
+    error = r.json()["error"]
+    assert r.status_code == 400 and "adds 9" in error["message"] and error["param"] == "n", r.text
+    r = post(server, {**OK, "prompt": ["a"] * 7})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
     answered_normally(server)
 
 

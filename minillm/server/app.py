@@ -21,15 +21,16 @@ import logging
 import time
 
 from fastapi import FastAPI, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from .async_engine import AsyncEngine, RequestStream
 from .errors import APIError, error_body, install_error_handlers
 from .guards import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES, Guards
+from .openapi import STREAMED, errors, install_truthful_openapi
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .responses import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse,
-                        CompletionChoice, CompletionResponse, Delta, ModelCard, ModelList)
+                        CompletionChoice, CompletionResponse, Delta, Health, ModelCard, ModelList)
 from .echo import Echo
 from .logprobs import chat_logprobs, completion_logprobs, prompt_logprobs_json
 from .serving import Served, chat_prompt, check_options, completion_prompts, start
@@ -56,31 +57,38 @@ def build_app(engine, model_name: str, *, api_key: str | None = None,
             await asyncio.to_thread(front.shutdown)
 
     app = FastAPI(title="minillm", lifespan=lifespan)
+    install_truthful_openapi(app, api_key)
     app.state.served = served
     app.add_middleware(Guards, api_key=api_key, max_body_bytes=max_request_body_bytes, body_timeout=body_timeout)
     install_error_handlers(app)
 
-    @app.get("/health")
+    @app.get("/health", response_model=Health, responses=errors(503))
     async def health():
         if not front.is_alive:
             raise APIError(503, "the engine loop is not running")
-        return {"status": "ok"}
+        return Health()
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse,
+             responses={200: {"description": "Prometheus text format"}, **errors()})
     async def metrics():
         return Response(served.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", response_model=ModelList, responses=errors(401))
     async def models():
         return ModelList(data=[ModelCard(id=model_name, created=created, max_model_len=front.max_model_len)])
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", response_model=CompletionResponse,
+              responses={**STREAMED, **errors(400, 401, 404, 500, 503)})
     async def completions(req: CompletionRequest, request: Request):
         check_options(req, served)
         prompts = await completion_prompts(req, served.tokenizer, front.max_model_len)
-        echo = await Echo.of(req, prompts, served.tokenizer) if req.echo else None
         gen = await start(served, request, req, prompts, 1 if req.score_only() else req.max_tokens_asked(), "cmpl")
         gen.score_only = req.score_only()
+        try:                              # after start(): the engine has checked every token id
+            echo = await Echo.of(req, prompts, served.tokenizer) if req.echo else None
+        except BaseException:
+            gen.stream.abort()
+            raise
         now = int(time.time())
 
         def response(choices, usage=None):
@@ -116,7 +124,8 @@ def build_app(engine, model_name: str, *, api_key: str | None = None,
                     else None))
         return response(sorted(choices, key=lambda c: c.index), gen.usage())
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse,
+              responses={**STREAMED, **errors(400, 401, 404, 500, 503)})
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         check_options(req, served)
         max_tokens = req.max_tokens_asked()

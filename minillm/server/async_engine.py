@@ -186,6 +186,13 @@ class AsyncEngine:
     def _add(self, stream: RequestStream) -> None:
         limit, waiting = self.max_waiting_requests, len(self.engine.scheduler.waiting)
         asked = sum(p.n for p in stream.params)
+        if asked > limit:                   # never admitted, however long it waits: the client's mistake (400)
+            n = stream.params[0].n
+            error = ValueError(f"this request adds {asked} sequences ({len(stream.params)} prompt(s) x n={n}); "
+                               f"at most {limit} may wait (max_waiting_requests): it could never be admitted")
+            error.param = "n" if n > 1 else "prompt"
+            stream.deliver(("rejected", error))
+            return
         if waiting + asked > limit:
             stream.deliver(("rejected", QueueFull(f"{waiting} sequences are waiting already and this request "
                                                   f"adds {asked} (max_waiting_requests={limit}); retry later")))

@@ -53,6 +53,10 @@ def _describe(errors: list[dict]) -> tuple[str, str | None]:
     n = 0
     while all(len(loc) > n and loc[n] == locs[0][n] for loc in locs):
         n += 1
+    if any(len(loc) > n and isinstance(loc[n], int) for loc in locs):    # two list items are wrong: the first
+        locs = [loc for loc in locs if loc[:n + 1] == locs[0][:n + 1]]
+        while all(len(loc) > n and loc[n] == locs[0][n] for loc in locs):
+            n += 1
     param = ".".join(str(p) for p in locs[0][:n]) or None
     if param is None:
         return "the request body must be a JSON object (Content-Type: application/json)", None
