@@ -1,14 +1,20 @@
-"""`python -m minillm.course grade` over a generated class: lessons 00, 03 and 04 (the fastest
-to run), a student with the reference solutions (all pass), one with the stubs (all fail), one
-wrong implementation per exercise (exactly that exercise fails, with its hint), a deleted and
-an edited check cell, hidden checks (--extra-checks), and, in a second run with a short
-timeout and the flat `student__NN_name.ipynb` layout, a notebook that hangs, one whose
-imports fail and one that is not a notebook.
+"""`python -m minillm.course grade` over a generated class: a student with the reference
+solutions of lessons 00, 01, 03, 04, 05, 06 and 08 (all pass: no false positive of the rules
+against cheating), one with the stubs of 00, 03 and 04 (all fail), one wrong implementation per
+exercise of those (exactly that exercise fails, with its hint), a deleted and an edited check
+cell, hidden checks (--extra-checks), cheats (each attack gets 0 for the attacked exercise, with
+a message naming it: the six attacks of issue 19 on lesson 00, and again over lessons 01, 03,
+04, 05, 06 and 08, several attacks per notebook where a lesson has several exercises, plus
+exercises that merely call the package's answer), and, in a second run with a short timeout
+and the flat `student__NN_name.ipynb` layout, a notebook that hangs, one whose imports fail
+and one that is not a notebook.
 
 To keep the run short, submissions keep only the cells grading needs (the badge, the setup
 cell, the imports, the exercises and their checks), as a student who deleted the rest
-would; the full lessons run in the notebook tests.
+would; the full lessons run in the notebook tests. The class is graded once per test
+session, also under xdist (the first worker grades, the others read its result).
 """
+import ast
 import json
 import re
 import subprocess
@@ -24,9 +30,13 @@ from minillm.course.grade import Record, table
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
-LESSONS = {"00": "00_setup_and_tour.ipynb", "03": "03_paged_kv.ipynb", "04": "04_prefix_sharing.ipynb"}
-EXERCISES = {"00": ["rope"], "03": ["block_allocator", "slot_mapping"],
-             "04": ["block_hash", "prefix_cache", "copy_on_write"]}
+LESSONS = {"00": "00_setup_and_tour.ipynb", "01": "01_naive_generation.ipynb", "03": "03_paged_kv.ipynb",
+           "04": "04_prefix_sharing.ipynb", "05": "05_continuous_batching.ipynb",
+           "06": "06_preemption_and_swap.ipynb", "08": "08_going_fast.ipynb"}
+EXERCISES = {"00": ["rope"], "01": ["top_k", "top_p", "sampler", "generate_naive"],
+             "03": ["block_allocator", "slot_mapping"], "04": ["block_hash", "prefix_cache", "copy_on_write"],
+             "05": ["scheduler"], "06": ["preemption", "swap"], "08": ["paged_decode_kernel"]}
+STUBBED = ("00", "03", "04")            # the lessons the stubs and the wrong students submit
 
 CHECKS_NEED = {"03": ["c05"]}          # lesson 03's slot_mapping check cell prints with this cell's `tables`
 
@@ -66,25 +76,75 @@ HONEST_ROPE = '''def apply_rope(x, cos, sin):
     return (x.float() * cos + rotated * sin).to(x.dtype)
 '''
 
-# student -> (lesson, how the submission is changed, words the attacked exercise's message must hold)
+
+
+def monkeypatch(check: str) -> str:
+    return f"import minillm.checks\nminillm.checks.{check} = lambda f: print('✅ {check} passed')"
+
+
+CUSTOM_EXC = "get_ipython().set_custom_exc((Exception,), lambda shell, etype, value, tb, tb_offset=None: None)"
+
+
+def transformer(check: str) -> str:
+    return (f"get_ipython().input_transformers_post.append(\n"
+            f"    lambda lines: [l.replace('{check}(', 'print(') for l in lines])")
+
+
+# student -> (lesson, the attacks: (what they do to the submission, the attacked exercise, words its
+# message must hold)). Each submission starts from the stubs: nothing honest in it can pass. The
+# six attacks: 1 the package's answer imported, 2 an empty subclass (or an alias) of the reference,
+# 3 a raises-exception tag on the check cell, 4 the grader monkeypatched, 5 set_custom_exc
+# swallowing failures, 6 an input transformer rewriting the check call; and 7, an exercise that
+# merely calls the package's answer (by module, through super(), or in a Triton kernel).
 CHEATS = {
-    "cheat_import": ("00", lambda nb: exercise_cell(nb, "c19", "from minillm.models.llama import apply_rope"),
-                     ["not written in the notebook", "minillm.models.llama"]),
-    "cheat_subclass": ("03", lambda nb: exercise_cell(
+    "cheat_import": ("00", [(lambda nb: exercise_cell(nb, "c19", "from minillm.models.llama import apply_rope"),
+                             "rope", ["not written in the notebook", "minillm.models.llama"])]),
+    "cheat_subclass": ("03", [(lambda nb: exercise_cell(
         nb, "c09", "from minillm.kv import block_allocator as reference\nNoFreeBlocksError = reference.NoFreeBlocksError\n\n\n"
                    "class BlockAllocator(reference.BlockAllocator):\n    pass\n"),
-                       ["not written in the notebook", "inherited from minillm.kv.block_allocator.BlockAllocator"]),
-    "cheat_tag": ("00", lambda nb: tag(nb, "check-rope", "raises-exception"), ["check cell modified", "raises-exception"]),
-    "cheat_monkeypatch": ("00", lambda nb: append(nb, "c19", "import minillm.checks\n"
-                                                 "minillm.checks.check_rope = lambda f: print('✅ check_rope passed')"),
-                          ["tampering", "minillm.checks.check_rope"]),
-    "cheat_custom_exc": ("00", lambda nb: append(nb, "c19", "get_ipython().set_custom_exc((Exception,), "
-                                                 "lambda shell, etype, value, tb, tb_offset=None: None)"),
-                         ["tampering", "set_custom_exc"]),
-    "cheat_transformer": ("00", lambda nb: append(nb, "c19", "get_ipython().input_transformers_post.append(\n"
-                                                  "    lambda lines: [l.replace('check_rope(', 'print(') for l in lines])"),
-                          ["tampering", "input_transformers_post"]),
+        "block_allocator", ["not written in the notebook", "inherited from minillm.kv.block_allocator.BlockAllocator"])]),
+    "cheat_tag": ("00", [(lambda nb: tag(nb, "check-rope", "raises-exception"), "rope",
+                          ["check cell modified", "raises-exception"])]),
+    "cheat_monkeypatch": ("00", [(lambda nb: append(nb, "c19", monkeypatch("check_rope")), "rope",
+                                  ["tampering", "minillm.checks.check_rope"])]),
+    "cheat_custom_exc": ("00", [(lambda nb: append(nb, "c19", CUSTOM_EXC), "rope", ["tampering", "set_custom_exc"])]),
+    "cheat_transformer": ("00", [(lambda nb: append(nb, "c19", transformer("check_rope")), "rope",
+                                  ["tampering", "input_transformers_post"])]),
+    "cheat_01": ("01", [
+        (lambda nb: exercise_cell(nb, "c09", "from minillm.sample.sampler import apply_top_k"), "top_k",
+         ["not written in the notebook", "minillm.sample.sampler"]),
+        (lambda nb: append(nb, "c11", CUSTOM_EXC), "top_p", ["tampering", "set_custom_exc"]),
+        (lambda nb: exercise_cell(nb, "c14", "from minillm.sample import sampler as theirs\n\n\n"
+                                             "def sample(logits, params, generators):\n"
+                                             "    return theirs.sample(logits, params, generators)\n"),
+         "sampler", ["calls the package's answer", "minillm.sample.sampler.sample"]),
+        (lambda nb: append(nb, "c17", transformer("check_generate_naive")), "generate_naive",
+         ["tampering", "input_transformers_post"])]),
+    "cheat_04": ("04", [
+        (lambda nb: exercise_cell(nb, "c13", "from minillm.kv.prefix_cache import block_hash"), "block_hash",
+         ["not written in the notebook", "minillm.kv.prefix_cache"]),
+        (lambda nb: append(nb, "c16", monkeypatch("check_prefix_cache")), "prefix_cache",
+         ["tampering", "minillm.checks.check_prefix_cache"]),
+        (lambda nb: exercise_cell(nb, "c19", "class CowBlockManager(BlockManager):\n"
+                                             "    def append_slots(self, seq, num_new_tokens: int = 1) -> None:\n"
+                                             "        return super().append_slots(seq, num_new_tokens)\n"),
+         "copy_on_write", ["calls the package's answer", "minillm.kv.block_manager.BlockManager.append_slots"])]),
+    "cheat_05_import": ("05", [(lambda nb: exercise_cell(
+        nb, "46f3b156", "from minillm.engine.scheduler import ContinuousBatchingScheduler as ContinuousScheduler"),
+        "scheduler", ["not written in the notebook", "inherited from minillm.engine.scheduler.ContinuousBatchingScheduler"])]),
+    "cheat_05_super": ("05", [(lambda nb: exercise_cell(
+        nb, "46f3b156", "class ContinuousScheduler(ContinuousBatchingScheduler):\n"
+                        "    def schedule(self) -> SchedulerOutput:\n        return super().schedule()\n"),
+        "scheduler", ["calls the package's answer", "ContinuousBatchingScheduler.schedule"])]),
+    "cheat_06": ("06", [
+        (lambda nb: exercise_cell(nb, "bdd9b349", "from minillm.engine.scheduler import Scheduler as PreemptingScheduler"),
+         "preemption", ["not written in the notebook", "inherited from minillm.engine.scheduler.Scheduler"]),
+        (lambda nb: tag(nb, "check-swap", "raises-exception"), "swap", ["check cell modified", "raises-exception"])]),
+    "cheat_08": ("08", [(lambda nb: exercise_cell(
+        nb, "a8c00010", "from minillm.attention.triton_decode import paged_decode_kernel as my_paged_decode_kernel"),
+        "paged_decode_kernel", ["not written in the notebook", "minillm.attention.triton_decode"])]),
 }
+ATTACKS = [(student, exercise) for student, (_, attacks) in CHEATS.items() for _, exercise, _ in attacks]
 
 
 def notebook(lesson: str, stubs: bool):
@@ -141,12 +201,40 @@ def grade(folder: Path, out: Path, *options: str):
 OUT = []
 
 
+def grade_once(tmp_path_factory, make):
+    """`make(out)`'s result, computed once per session: under xdist the first worker computes it
+    and the others wait for it and read it (the class is the slow part of this file)."""
+    import os
+
+    from filelock import FileLock
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        out = tmp_path_factory.mktemp("out")
+        return out, make(out)
+    shared = tmp_path_factory.getbasetemp().parent          # this session's, shared by its workers
+    saved = shared / "graded_class.json"
+    with FileLock(str(saved) + ".lock"):
+        if not saved.is_file():
+            out = shared / "graded_class_out"
+            out.mkdir()
+            stdout, records = make(out)
+            saved.write_text(json.dumps({"out": str(out), "stdout": stdout, "records": list(records.values())}))
+        data = json.loads(saved.read_text())
+    return Path(data["out"]), (data["stdout"], {(r["student"], r["lesson"], r["exercise"]): r for r in data["records"]})
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
+    out, result = grade_once(tmp_path_factory, lambda out: grade_class(tmp_path_factory, out))
+    OUT[:] = [out]
+    return result
+
+
+def grade_class(tmp_path_factory, out: Path):
     folder = tmp_path_factory.mktemp("class")
     for lesson, name in LESSONS.items():
         write(notebook(lesson, stubs=False), folder / "reference" / name)
-        write(notebook(lesson, stubs=True), folder / "stubs" / name)
+        if lesson in STUBBED:
+            write(notebook(lesson, stubs=True), folder / "stubs" / name)
     by_lesson = {}
     for exercise, (lesson, old, new, _) in WRONG.items():
         student = f"wrong_{len(by_lesson.setdefault(lesson, [])) + 1}"
@@ -157,20 +245,25 @@ def graded(tmp_path_factory):
     write(deleted, folder / "tamper" / LESSONS["03"])
     edited = notebook("00", stubs=False)
     write(replace(edited, "check_rope(apply_rope)", "print('skipped')"), folder / "tamper" / LESSONS["00"])
-    for student, (lesson, cheat, _) in CHEATS.items():         # each on the stubs: nothing honest to pass
-        write(cheat(notebook(lesson, stubs=True)), folder / student / LESSONS[lesson])
+    for student, (lesson, attacks) in CHEATS.items():         # each on the stubs: nothing honest to pass
+        nb = notebook(lesson, stubs=True)
+        for cheat, _, _ in attacks:
+            nb = cheat(nb)
+        write(nb, folder / student / LESSONS[lesson])
     write(exercise_cell(notebook("00", stubs=True), "c19", HONEST_ROPE), folder / "honest" / LESSONS["00"])
-    out = tmp_path_factory.mktemp("out")
-    OUT[:] = [out]
     (out / "hidden_checks.py").write_text(EXTRA)
     return grade(folder, out, "--timeout", "240", "--jobs", "2", "--extra-checks", str(out / "hidden_checks.py"))
 
 
 def test_reference_passes_everything(graded):
+    """The honest answers of every lesson in the class, helpers of the lesson's (lesson 01's
+    make_generator and StopChecker, lesson 04's cdiv, the block manager's own methods) and
+    decorators (@torch.inference_mode, @triton.jit) included: no rule against cheating fires."""
     stdout, records = graded
     mine = {k: r for k, r in records.items() if k[0] == "reference"}
-    assert len(mine) == 8 and all(r["passed"] for r in mine.values()), mine   # 6 exercises + 2 hidden checks
-    assert re.search(r"^reference +1/1 +2/2 \+ 2/2 hidden +3/3$", stdout, re.M), stdout
+    total = sum(len(e) for e in EXERCISES.values()) + 2                     # + 2 hidden checks
+    assert len(mine) == total and all(r["passed"] for r in mine.values()), mine
+    assert re.search(r"^reference +1/1 +4/4 +2/2 \+ 2/2 hidden +3/3 +1/1 +2/2 +1/1$", stdout, re.M), stdout
 
 
 def test_stubs_fail_everything_with_not_implemented(graded):
@@ -202,15 +295,16 @@ def test_deleted_or_edited_check_cell_fails_that_exercise(graded):
     assert not records["tamper", "00", "rope"]["passed"]
 
 
-@pytest.mark.parametrize("student", list(CHEATS))
-def test_a_cheat_gets_nothing_for_the_attacked_exercise(graded, student):
-    """1 the package's answer imported, 2 an empty subclass of the reference, 3 a raises-exception
-    tag on the check cell, 4 the grader monkeypatched, 5 set_custom_exc swallowing failures,
-    6 an input transformer rewriting the check call: each passes under nbval, none is graded so."""
+@pytest.mark.parametrize("student, exercise", ATTACKS)
+def test_a_cheat_gets_nothing_for_the_attacked_exercise(graded, student, exercise):
+    """1 the package's answer imported, 2 an empty subclass or an alias of the reference, 3 a
+    raises-exception tag on the check cell, 4 the grader monkeypatched, 5 set_custom_exc swallowing
+    failures, 6 an input transformer rewriting the check call, 7 a function or method that calls the
+    package's answer: each passes under nbval, none is graded so, and the message names it."""
     _, records = graded
-    lesson, _, words = CHEATS[student]
-    attacked = EXERCISES[lesson][0]
-    r = records[student, lesson, attacked]
+    lesson, attacks = CHEATS[student]
+    words = next(w for _, e, w in attacks if e == exercise)
+    r = records[student, lesson, exercise]
     assert not r["passed"], r
     for word in words:
         assert word in r["message"], r
@@ -223,8 +317,8 @@ def test_an_honest_answer_with_its_own_helpers_passes(graded):
 
 def test_csv_and_table(graded, tmp_path):
     stdout, records = graded
-    assert re.search(r"^student +00 +03 +04$", stdout, re.M), stdout
-    assert re.search(r"^stubs +0/1 +0/2 \+ 0/2 hidden +0/3$", stdout, re.M), stdout
+    assert re.search(r"^student +00 +01 +03 +04 +05 +06 +08$", stdout, re.M), stdout
+    assert re.search(r"^stubs +0/1 +- +0/2 \+ 0/2 hidden +0/3 +- +- +-$", stdout, re.M), stdout
     assert "  stubs 03 block_allocator: your allocator is not implemented yet" in stdout
     import csv
     rows = list(csv.DictReader(open(OUT[0] / "grades.csv", encoding="utf-8")))
@@ -270,16 +364,36 @@ def test_table_shows_passed_over_total_and_first_hint():
     assert "ann 03 b: wrong slot" in text and "more" not in text
 
 
+def kernel_calling_the_package_kernel() -> str:
+    """Lesson 08's exercise cell with a kernel whose body only calls the package's kernel."""
+    lesson = make_lesson(read(REPO / "solutions" / LESSONS["08"]), "solutions/" + LESSONS["08"])
+    source = next(c.source for c in lesson.cells if c.get("id") == "a8c00010")
+    names = [a.arg for a in ast.parse(source).body[0].args.args]
+    return ("from minillm.attention.triton_decode import paged_decode_kernel\n\n\n"
+            + source[:source.index('"""')] + f"paged_decode_kernel({', '.join(names)})\n")
+
+
+# case -> (lesson, exercise cell, its source, None when it passes, else words its message holds)
 VERDICT_CELLS = {
-    "patched_at_run_time": "import importlib\n"
-                           "grading = importlib.import_module('minillm' + '.che' + 'cks')\n"
-                           "setattr(grading, 'check_' + 'rope', lambda f: True)\n"
-                           "from minillm.models.llama import apply_rope as _theirs\n"
-                           "def apply_rope(x, cos, sin):\n    return _theirs(x, cos, sin)\n",
-    "alias_in_a_def": "from minillm.models import llama\napply_rope = llama.apply_rope\n",
-    "honest": HONEST_ROPE + "print('my own test:', apply_rope(torch.zeros(1, 2), torch.ones(1, 2), "
-                            "torch.zeros(1, 2)))\nmodel.forward  # a variable of another cell: ignored here\n",
-    "exits": "import sys\nsys.exit(0)\n" + HONEST_ROPE,
+    "patched_at_run_time": ("00", "c19", "import importlib\n"
+                            "grading = importlib.import_module('minillm' + '.che' + 'cks')\n"
+                            "setattr(grading, 'check_' + 'rope', lambda f: True)\n"
+                            "from minillm.models.llama import apply_rope as _theirs\n"
+                            "def apply_rope(x, cos, sin):\n    return _theirs(x, cos, sin)\n",
+                            ["tampering", "minillm.checks.check_rope"]),
+    "alias_in_a_def": ("00", "c19", "from minillm.models import llama\napply_rope = llama.apply_rope\n",
+                       ["not written in the notebook"]),
+    "calls_the_answer_found_by_name": ("00", "c19", "from minillm.models import llama\n\n\n"
+                                       "def apply_rope(x, cos, sin):\n"
+                                       "    return getattr(llama, 'apply_' + 'rope')(x, cos, sin)\n",
+                                       ["calls the package's answer minillm.models.llama.apply_rope"]),
+    "kernel_calls_the_package_kernel": ("08", "a8c00010", kernel_calling_the_package_kernel(),
+                                        ["calls the package's answer",
+                                         "minillm.attention.triton_decode.paged_decode_kernel"]),
+    "honest": ("00", "c19", HONEST_ROPE + "print('my own test:', apply_rope(torch.zeros(1, 2), torch.ones(1, 2), "
+                                          "torch.zeros(1, 2)))\nmodel.forward  # a variable of another cell: ignored here\n",
+               None),
+    "exits": ("00", "c19", "import sys\nsys.exit(0)\n" + HONEST_ROPE, None),
 }
 
 
@@ -287,22 +401,23 @@ VERDICT_CELLS = {
 def test_verdict_process_alone(case):
     """The verdict process on one exercise cell, without nbval: a grader replaced at run time (the
     static scan cannot see it) is put back, reported, and the real check still decides; an alias
-    is not the student's; an honest cell passes though a line of it needs another cell's
-    variable; an exit in the cell ends nothing of the grader's."""
+    is not the student's; a function that calls the package's answer (found by a name built at
+    run time, so only the run-time rule sees it) or a Triton kernel that does (compiled on a GPU,
+    so the static rule reads it) gets nothing; an honest cell passes though a line of it needs
+    another cell's variable; an exit in the cell ends nothing of the grader's."""
     from minillm.course.isolate import finish_verdicts, plan, start_verdicts, student_cells
-    lesson = make_lesson(read(REPO / "solutions" / LESSONS["00"]), "solutions/" + LESSONS["00"])
+    lesson_number, cell_id, source, words = VERDICT_CELLS[case]
+    lesson = make_lesson(read(REPO / "solutions" / LESSONS[lesson_number]), "solutions/" + LESSONS[lesson_number])
     the_plan = plan(lesson)
     code = [c for c in lesson.cells if c.cell_type == "code"]
-    exercise_cell(lesson, "c19", VERDICT_CELLS[case])
+    exercise_cell(lesson, cell_id, source)
     verdicts, why = finish_verdicts(*start_verdicts(the_plan, student_cells(the_plan, code), None), 120)
     assert why is None, why
-    passed, message = verdicts["rope"]
-    if case == "patched_at_run_time":
-        assert not passed and "tampering" in message and "minillm.checks.check_rope" in message, message
-    elif case == "alias_in_a_def":
-        assert not passed and "not written in the notebook" in message, message
-    else:
+    passed, message = verdicts[EXERCISES[lesson_number][0]]
+    if words is None:
         assert passed, message
+    else:
+        assert not passed and all(w in message for w in words), message
 
 
 def test_nbval_markers_are_stripped_and_check_cell_metadata_compared():

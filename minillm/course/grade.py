@@ -34,7 +34,10 @@ and an identity check after each exercise cell ran (and after each check) that t
 the package's functions and classes, `torch`'s and `builtins`' are still the originals (any
 replaced one is put back). A graded object must be the student's own: a function's code comes
 from a notebook cell, and a class defines every exercise method in the notebook (an import of
-the package's answer or an empty subclass of it is "not written in the notebook"). This stops
+the package's answer or an empty subclass of it is "not written in the notebook"), and does not
+merely call the package's answer while it is checked ("calls the package's answer ...": a call
+from notebook code, however the answer was reached, is seen at run time; a Triton kernel's
+code is read for it; `answers.py` says how). This stops
 the known ways of faking a verdict; it is not a sandbox against code that goes looking for the
 grader's process (the scan reports the introspection that would need).
 

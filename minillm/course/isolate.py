@@ -62,6 +62,18 @@ def _stubbed(node, lines: list[str]) -> bool:
     return any(STUB[1] in line for line in lines[node.lineno - 1:node.end_lineno])
 
 
+def _imports(body) -> list:
+    """A cell's import statements, those under a top-level `try` or `if` included (lesson 08
+    imports triton in a try, to say how to install it when it is missing)."""
+    out = []
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            out.append(node)
+        elif isinstance(node, (ast.Try, ast.If)):
+            out += _imports(node.body + getattr(node, "orelse", []) + getattr(node, "finalbody", []))
+    return out
+
+
 def plan(lesson) -> Plan:
     checks, cells, names, prelude, objects = [], {}, {}, [], {}
     for cell in lesson.cells:
@@ -85,7 +97,7 @@ def plan(lesson) -> Plan:
                     objects[name] = None
             cells[cell.id] = []
         elif tree:
-            prelude += [ast.unparse(n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+            prelude += [ast.unparse(n) for n in _imports(tree.body)]
     for check in checks:
         check.objects = {a: objects[a] for a in check.args if a in objects}
         for cell_id in cells:
@@ -99,7 +111,10 @@ def plan(lesson) -> Plan:
 HOOKS = {"get_ipython", "set_custom_exc", "input_transformers_post", "input_transformers_cleanup",
          "input_transformer_manager", "ast_transformers", "custom_exceptions", "showtraceback",
          "_showtraceback", "register_magic_function", "_getframe", "settrace", "setprofile", "f_back",
-         "f_globals", "f_locals", "gi_frame", "tb_frame"}
+         "f_globals", "f_locals", "gi_frame", "tb_frame",
+         # what reaching behind a function takes (the answer guard's original, a copied source)
+         "__code__", "__closure__", "cell_contents", "__wrapped__", "__kwdefaults__", "__globals__", "getsource",
+         "getsourcelines"}
 FORBIDDEN_MODULES = ("IPython", "ipykernel", "nbval", "nbformat", "nbclient", "jupyter_client", "gc", "ctypes",
                      "minillm.course")
 ALLOWED_FROM_CHECKS = ("passed_or_reference", "CheckFailed")
@@ -109,7 +124,7 @@ def _forbidden(module: str) -> bool:
     return module.startswith("minillm.checks.") or any(module == m or module.startswith(m + ".")
                                                        for m in FORBIDDEN_MODULES)
 WORDS = ("minillm.checks", "minillm.course", "nbval", "raises-exception", "set_custom_exc", "input_transformers",
-         "NBVAL_")
+         "NBVAL_", "<notebook cell", "_minillm_answer")
 
 
 def _base(node):

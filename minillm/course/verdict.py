@@ -6,15 +6,21 @@ The order is what makes the verdicts the grader's own:
   1. the graders (`minillm.checks`), the hidden checks and the references are imported, and this
      module keeps its own references to them; a snapshot records the identity of every function
      and class of the package's modules, of `torch`, `torch.Tensor`, `torch.nn.functional` and
-     `builtins`, and of the package's `sys.modules` entries;
+     `builtins`, and of the package's `sys.modules` entries; the answers of the exercises are
+     wrapped in place (`answers.AnswerGuard`);
   2. the lesson's imports run (the import statements of the course's own cells), then the
      student's exercise cells, one at a time, each compiled with the file name
      `<notebook cell N>`; after each, anything of the snapshot that changed is tampering by
      that cell's exercises (and is put back);
   3. every check runs with the saved grader on the objects the check cell names: first the
      rule that they are the student's own (a function's code comes from a notebook cell; a
-     class's exercise methods are defined in the notebook, not inherited from the package), then
-     the grader itself; then the hidden checks, on the namespace the cells built.
+     class's exercise methods are defined in the notebook, not inherited from the package) and
+     that a function or kernel does not name the package's answer, then the grader itself, during
+     which a call of the exercise's answer from notebook code fails it; then the hidden checks,
+     on the namespace the cells built.
+Each cell's source is put in `linecache` under its file name, as IPython does, so that code
+that reads a function's source (Triton's @jit, lesson 04's fresh-process hash check) works
+here too; with no GPU, TRITON_INTERPRET=1 is set first, as lesson 08's first cell does.
 
 Student output goes to stderr; the verdict line carries a nonce the student code never sees
 through ordinary means. This is a boundary against the known ways to fake a verdict, not a
@@ -27,10 +33,13 @@ import ast
 import builtins
 import importlib
 import json
+import linecache
 import os
 import sys
 import traceback
 import types
+
+from .answers import AnswerGuard, _innermost
 
 CELL_FILE = "<notebook cell {}>"
 
@@ -100,11 +109,13 @@ def _owner_safe(where, snap):
 
 def _code_of(obj):
     """The code object behind a function, a method, a Triton kernel, or None."""
-    for _ in range(4):
+    for _ in range(6):
         if isinstance(obj, (staticmethod, classmethod)):
             obj = obj.__func__
         elif isinstance(obj, property):
             obj = obj.fget
+        elif _innermost(obj) is not obj:        # a decorator's wrapper (torch.inference_mode): what it wraps
+            obj = _innermost(obj)
         elif hasattr(obj, "__code__"):
             return obj.__code__
         elif hasattr(obj, "fn"):                 # triton.JITFunction
@@ -138,10 +149,15 @@ def authorship(name: str, obj, methods: list[str] | None) -> str | None:
         return None
     code = _code_of(obj)
     if not _from_notebook(code):
-        origin = getattr(obj, "__module__", None) or _where(code)
-        return (f"not written in the notebook: {name} is {origin}.{getattr(obj, '__qualname__', name)} "
+        named = getattr(obj, "fn", obj)                   # a Triton kernel: its Python function
+        origin = getattr(named, "__module__", None) or _where(code)
+        return (f"not written in the notebook: {name} is {origin}.{getattr(named, '__qualname__', name)} "
                 f"(defined in {_where(code)}), not code of the exercise cell")
     return None
+
+
+CALLS = ("calls the package's answer {}: the exercise is to write it, not to call it (write it in the "
+         "exercise cell, with torch and the lesson's given utilities)")
 
 
 def _message(e: BaseException) -> str:
@@ -156,6 +172,9 @@ def main() -> int:
     os.dup2(2, 1)                                         # the student's prints go to stderr
     sys.stdout = sys.stderr
     nonce = job.pop("nonce")
+    import torch
+    if not torch.cuda.is_available():                     # as lesson 08's first cell: Triton interprets on a CPU
+        os.environ["TRITON_INTERPRET"] = "1"
 
     import minillm.checks as checks
     from minillm.checks import harness
@@ -174,6 +193,9 @@ def main() -> int:
         except Exception:
             pass
     snap = _snapshot()
+    guard = AnswerGuard()                                 # before any student code (answers.py)
+    for check in job["checks"]:
+        guard.install(check["exercise"], check["grader"], [m for ms in check["objects"].values() for m in ms or []])
     job_results = []
 
     ns = {"__name__": "__main__", "__builtins__": builtins}
@@ -186,6 +208,7 @@ def main() -> int:
     failed: dict[str, str] = {}
     for cell in job["cells"]:
         filename = CELL_FILE.format(cell["index"])
+        linecache.cache[filename] = (len(cell["source"]), None, cell["source"].splitlines(True), filename)
         try:
             tree = ast.parse(cell["source"], filename)
         except SyntaxError as e:
@@ -227,14 +250,19 @@ def main() -> int:
             if name in check["objects"]:
                 why = why or authorship(name, ns[name], check["objects"][name])
             args.append(ns[name])
-        if why:
-            job_results.append((exercise, False, why))
+        named = None if why else guard.named_in(exercise, [ns[n] for n in check["objects"] if n in ns])
+        if why or named:
+            job_results.append((exercise, False, why or CALLS.format(named)))
             continue
+        guard.watching = exercise
         try:
             graders[check["grader"]](*args)
             job_results.append((exercise, True, ""))
         except BaseException as e:
             job_results.append((exercise, False, _message(e)))
+        guard.watching = None
+        if exercise in guard.hits:
+            job_results[-1] = (exercise, False, CALLS.format(guard.hits[exercise]))
         changed = _changed(snap)
         if changed:                                       # the student's code ran inside the grader
             job_results[-1] = (exercise, False, "tampering: while it was checked, the exercise replaced "
