@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 
 from .sample.logprobs import MAX_LOGPROBS
+from .structured.params import StructuredOutputsParams
 from .utils.validate import Validated, check_bool, check_int, check_number, fail, is_int, is_number
 
 
@@ -53,6 +54,8 @@ class SamplingParams(Validated):
     include_stop_str_in_output: bool = False   # keep the stop string (or stop token's text) at the end
     skip_special_tokens: bool = True           # leave special tokens (<|im_end|>, ...) out of the text
     spaces_between_special_tokens: bool = True  # slow tokenizers only; fast ones ignore it, as in vLLM
+    # the output must match a JSON schema, regex, choice or grammar (minillm/structured/)
+    structured_outputs: StructuredOutputsParams | None = None
 
     def validate(self) -> None:
         name = "SamplingParams"
@@ -93,6 +96,7 @@ class SamplingParams(Validated):
         object.__setattr__(self, "logit_bias", self._checked_logit_bias())
         for flag in ("include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens"):
             check_bool(name, flag, getattr(self, flag))
+        object.__setattr__(self, "structured_outputs", StructuredOutputsParams.coerce(self.structured_outputs))
 
     def _checked_logit_bias(self) -> dict[int, float] | None:
         """A copy of logit_bias, {token id: bias}: ids are non-negative integers (the vocabulary

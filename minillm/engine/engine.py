@@ -55,7 +55,7 @@ class LLMEngine:
         self.scheduler = scheduler_cls(self.block_manager, resolved.scheduler_config(config))
         self.tokenizer = tokenizer
         eos = tokenizer.eos_token_ids if tokenizer is not None else set(model.config.eos_token_ids)
-        self.output_processor = OutputProcessor(tokenizer, eos, resolved.device)
+        self.output_processor = OutputProcessor(tokenizer, eos, resolved.device, resolved.vocab_size)
         self.requests: dict[str, Request] = {}
         self.faults = FaultIsolation(self.requests, self.scheduler)
         self._held: dict[str, RequestOutput] = {}     # outputs generate() stepped past (see step)
@@ -78,6 +78,7 @@ class LLMEngine:
         r = self.resolved
         ids = check_request(request_id, prompt, params, priority, self.tokenizer, vocab_size=r.vocab_size,
                             max_model_len=r.max_model_len, max_num_seqs=self.config.max_num_seqs)
+        self.output_processor.structured.check(params.structured_outputs)      # a bad grammar: refused here
         req = Request(request_id, prompt if isinstance(prompt, str) else None, ids, params,
                       priority, time.monotonic())
         req.seqs.append(self._new_sequence(req, index=0))
@@ -244,7 +245,7 @@ class LLMEngine:
         that ask for none are not touched; a fault here ends only its own request."""
         rows = logits[[r for r, _ in live]]
         asking = [i for i, (_, s) in enumerate(live) if wants_processing(s.params, len(s.output_token_ids))]
-        if asking:
+        if asking or any(s.params.structured_outputs for _, s in live):
             rows = rows.float()             # what sample() computes in anyway
         for i in asking:
             seq = live[i][1]
@@ -253,6 +254,8 @@ class LLMEngine:
                                       self.output_processor.eos_token_ids)
             if row is not FAILED:
                 rows[i] = row
+        self.output_processor.mask_logits(rows, [s for _, s in live], lambda seq, e: self.faults.fail(
+            seq.request_id, f"structured outputs failed: {e!r}"))          # grammar masks, last
         return rows
 
     def _update_from_tokens(self, live: list[tuple[int, Sequence]], logits, tokens: list) -> None:

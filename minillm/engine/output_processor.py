@@ -17,6 +17,7 @@ import torch
 from ..outputs import CompletionOutput, RequestOutput
 from ..sample.logprobs import PromptLogprobs, token_logprobs
 from ..sample.sampler import make_generator
+from ..structured.matchers import SequenceGrammar, StructuredOutputs, apply_masks
 from ..text.stopping import StopChecker
 from .request import Request
 from .sequence import Sequence
@@ -28,18 +29,21 @@ class SequenceState:
     stopper: StopChecker
     logprobs: list[dict] | None = field(default=None)
     prompt_logprobs: list[dict | None] | None = field(default=None)   # [None] + one per later prompt token
+    grammar: SequenceGrammar | None = None          # with SamplingParams.structured_outputs
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer, eos_token_ids, device: torch.device):
+    def __init__(self, tokenizer, eos_token_ids, device: torch.device, vocab_size: int):
         self.tokenizer, self.eos_token_ids, self.device = tokenizer, eos_token_ids, device
         self.states: dict[int, SequenceState] = {}
+        self.structured = StructuredOutputs(tokenizer, vocab_size)
 
     def add(self, seq: Sequence) -> None:
         """A new sequence (a request's first, or a fork): its generator and stop checker."""
         p = seq.params
         self.states[seq.seq_id] = SequenceState(make_generator(p, self.device, offset=seq.index),
-                                                StopChecker(p, self.tokenizer, self.eos_token_ids))
+                                                StopChecker(p, self.tokenizer, self.eos_token_ids),
+                                                grammar=self.structured.matcher(p.structured_outputs))
 
     def generator(self, seq: Sequence) -> torch.Generator | None:
         return self.states[seq.seq_id].generator
@@ -48,8 +52,28 @@ class OutputProcessor:
         return self.states[seq.seq_id].stopper
 
     def check_stop(self, seq: Sequence) -> str | None:
-        """After a new token: "stop", "length" or None (keep going); the text advances."""
-        return self.states[seq.seq_id].stopper.check(seq.output_token_ids)
+        """After a new token: "stop", "length" or None (keep going); the text advances, and so
+        does the grammar, which says "stop" once it is complete."""
+        state = self.states[seq.seq_id]
+        reason = state.stopper.check(seq.output_token_ids)
+        if reason is None and state.grammar is not None:
+            reason = state.grammar.advance(seq.output_token_ids[-1])
+        return reason
+
+    def mask_logits(self, rows: torch.Tensor, seqs: list[Sequence], on_error) -> None:
+        """Constrained sequences' rows keep only the tokens their grammar allows next (in place);
+        `on_error(seq, exception)` for a matcher that fails (its row stays as it was)."""
+        which, masks = [], []
+        for i, seq in enumerate(seqs):
+            grammar = self.states[seq.seq_id].grammar
+            if grammar is None:
+                continue
+            try:
+                masks.append(grammar.allowed())
+                which.append(i)
+            except Exception as e:
+                on_error(seq, e)
+        apply_masks(rows, masks, which)
 
     def record_logprobs(self, seq: Sequence, logits: torch.Tensor, token: int) -> None:
         state = self.states[seq.seq_id]

@@ -1,0 +1,7 @@
+"""Structured outputs: the sampler may only pick tokens a grammar allows (JSON schema, regex,
+choice, Lark grammar), so the answer always parses. params.py says what a request asks for,
+grammar.py turns it into a compiled grammar (llguidance), matchers.py keeps a matcher per
+sequence and masks each step's logits."""
+from .params import StructuredOutputsParams
+
+__all__ = ["StructuredOutputsParams"]
