@@ -358,10 +358,13 @@ def test_grading_run_that_fails_exits_non_zero(tmp_path):
 
 def test_table_shows_passed_over_total_and_first_hint():
     records = [Record("ann", "03", "a", True, ""), Record("ann", "03", "b", False, "wrong slot\nmore"),
-               Record("bob", "03", "a", False, "x"), Record("bob", "03", "b", False, "y")]
+               Record("bob", "03", "a", False, "x"), Record("bob", "08", "k", False,
+                                                             "wrong output on: one block.\n    sequence 0, head 1\n"
+                                                             "    Hint: mask the loads")]
     text = table(records)
-    assert re.search(r"^ann +1/2$", text, re.M) and re.search(r"^bob +0/2$", text, re.M)
+    assert re.search(r"^ann +1/2 +-$", text, re.M) and re.search(r"^bob +0/1 +0/1$", text, re.M)
     assert "ann 03 b: wrong slot" in text and "more" not in text
+    assert "bob 08 k: wrong output on: one block. | Hint: mask the loads" in text and "head 1" not in text
 
 
 def kernel_calling_the_package_kernel() -> str:

@@ -17,7 +17,12 @@ class Record:
 
 
 def first_line(message: str, width: int = 150) -> str:
-    line = message.strip().split("\n")[0]
+    """The message's first line and, when a later line is its hint (`Hint: ...`, as lesson 08's
+    checks give), that line too: the table's one line per failed exercise."""
+    lines = [line.strip() for line in message.strip().split("\n")]
+    hint = next((line for line in lines[1:] if line.startswith("Hint:")), None)
+    line = lines[0] + (f" | {hint}" if hint else "")
+    width = width + 100 if hint else width
     return line if len(line) <= width else line[: width - 1] + "…"
 
 
@@ -34,7 +39,7 @@ def score(rs: list[Record]) -> str:
 
 def table(records: list[Record]) -> str:
     """student × lesson: passed / total (hidden checks apart: `3/3 + 2/2 hidden`); then, per
-    failed exercise, its first failure's hint."""
+    failed exercise, its first failure's message (first line, and its `Hint:` line)."""
     students = list(dict.fromkeys(r.student for r in records))
     lessons = sorted({r.lesson for r in records})
     cell = {}
