@@ -29,11 +29,12 @@ from .errors import APIError, error_body, install_error_handlers
 from .guards import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES, Guards
 from .openapi import STREAMED, errors, install_truthful_openapi
 from .protocol import ChatCompletionRequest, CompletionRequest
-from .responses import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse,
+from .responses import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse,
                         CompletionChoice, CompletionResponse, Delta, Health, ModelCard, ModelList)
 from .echo import Echo
 from .logprobs import chat_logprobs, completion_logprobs, prompt_logprobs_json
 from .serving import Served, chat_prompt, check_options, completion_prompts, start
+from .tool_calls import ToolCallStream
 
 log = logging.getLogger("minillm.server")
 
@@ -146,16 +147,20 @@ def build_app(engine, model_name: str, *, api_key: str | None = None,
             async def chunks():
                 for k in range(req.n):           # OpenAI opens each choice with the role
                     yield chunk([ChatChunkChoice(index=k, delta=Delta(role="assistant", content=""))])
+                calls = ToolCallStream(req)
                 async for k, text, finish, steps in gen.deltas():
                     lp = None if steps is None else chat_logprobs(*steps, k_top)
-                    yield chunk([ChatChunkChoice(index=k, delta=Delta(content=text or None), finish_reason=finish,
+                    delta = calls.delta(k, text, finish) if calls.active else Delta(content=text or None)
+                    yield chunk([ChatChunkChoice(index=k, delta=delta, finish_reason=calls.finish_reason(finish),
                                                  logprobs=lp)])
                 if req.stream_options and req.stream_options.include_usage:
                     yield chunk([], gen.usage())
             return server_sent_events(chunks())
         (out,) = await gen.final()
-        choices = [ChatChoice(index=c.index, message=AssistantMessage(content=c.text), finish_reason=c.finish_reason,
-                              logprobs=None if c.logprobs is None else chat_logprobs(c.logprobs, c.token_ids, k_top))
+        calls = ToolCallStream(req)
+        choices = [ChatChoice(index=c.index, message=calls.message(c.text), finish_reason=calls.finish_reason(
+                              c.finish_reason), logprobs=None if c.logprobs is None else
+                              chat_logprobs(c.logprobs, c.token_ids, k_top))
                    for c in sorted(out.outputs, key=lambda c: c.index)]
         return ChatCompletionResponse(id=gen.id, created=now, model=model_name, choices=choices, usage=gen.usage(),
                                       prompt_logprobs=prompt_logprobs_json(out.prompt_logprobs))

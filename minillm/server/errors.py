@@ -35,10 +35,14 @@ def error_response(status: int, message: str, param=None, code=None, headers=Non
     return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
 
 
-def bad_request(e: Exception) -> APIError:
+def bad_request(e: Exception, structured_field: str = "structured_outputs") -> APIError:
     """A ValueError/TypeError from SamplingParams or add_request: the client's mistake. Those
-    that one field caused name it (`utils.validate.refuse`), which becomes `param`."""
-    return APIError(400, str(e), getattr(e, "param", None))
+    that one field caused name it (`utils.validate.refuse`), which becomes `param` (a bad
+    grammar is named by the request field it came from: response_format, tool_choice, ...)."""
+    param = getattr(e, "param", None)
+    if param in ("structured_outputs", "json", "regex", "choice", "grammar"):
+        param = structured_field
+    return APIError(400, str(e), param)
 
 
 def _describe(errors: list[dict]) -> tuple[str, str | None]:

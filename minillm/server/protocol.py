@@ -16,6 +16,8 @@ from typing import Any, Literal, Optional, Union
 from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator,
                       model_validator)
 
+from .structured import ResponseFormat, Tool, ToolChoice
+
 Number = Union[StrictInt, StrictFloat]
 TokenIds = list[StrictInt]
 
@@ -57,6 +59,9 @@ class SamplingFields(Strict):
     ignore_eos: StrictBool = False
     priority: StrictInt = 0
     prompt_logprobs: Optional[StrictInt] = None    # each prompt token's logprob and the top k (not streamed)
+    # the output must match a schema, regex, choice or grammar (structured.py)
+    response_format: Optional[ResponseFormat] = None
+    structured_outputs: Optional[dict[StrictStr, Any]] = None    # vLLM's: json, regex, choice, grammar, json_object
 
     def logprobs_k(self) -> Optional[int]:
         return None
@@ -180,6 +185,9 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: Optional[StrictBool] = None    # None: true unless continue_final_message
     continue_final_message: StrictBool = False
     chat_template_kwargs: Optional[dict[StrictStr, Any]] = None
+    tools: Optional[list[Tool]] = None
+    tool_choice: Optional[ToolChoice] = None      # a named function or "required" (structured.py); "none"
+    parallel_tool_calls: Optional[StrictBool] = None   # one call per answer, whichever it says
 
     def logprobs_k(self) -> Optional[int]:
         """How many top logprobs to return per token (None: no logprobs), as the engine counts."""

@@ -66,9 +66,22 @@ class CompletionResponse(BaseModel):
     usage: Optional[Usage] = None
 
 
+class FunctionCallOut(BaseModel):
+    name: Optional[str] = None
+    arguments: Optional[str] = None              # JSON text of the arguments (streamed in pieces)
+
+
+class ToolCallOut(BaseModel):
+    index: Optional[int] = None                  # in a stream's deltas only
+    id: Optional[str] = None
+    type: Optional[Literal["function"]] = None
+    function: FunctionCallOut
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: Optional[str]                       # None when the answer is a tool call
+    tool_calls: Optional[list[ToolCallOut]] = None
 
 
 class ChatChoice(BaseModel):
@@ -91,6 +104,7 @@ class ChatCompletionResponse(BaseModel):
 class Delta(BaseModel):
     role: Optional[Literal["assistant"]] = None
     content: Optional[str] = None
+    tool_calls: Optional[list[ToolCallOut]] = None
 
 
 class ChatChunkChoice(BaseModel):

@@ -26,6 +26,7 @@ from .errors import APIError, bad_request
 from .limits import MAX_MESSAGES, check_prompt_count, check_text_fits, off_the_loop
 from .metrics import Metrics
 from .protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from .structured import constraint_field, structured_spec
 from .responses import PromptTokensDetails, Usage
 
 
@@ -123,9 +124,10 @@ def sampling_params(req: SamplingFields, max_tokens: int | None, prompt_len: int
                               logit_bias=bias, min_tokens=req.min_tokens,
                               include_stop_str_in_output=req.include_stop_str_in_output,
                               skip_special_tokens=req.skip_special_tokens,
-                              spaces_between_special_tokens=req.spaces_between_special_tokens, **given)
+                              spaces_between_special_tokens=req.spaces_between_special_tokens,
+                              structured_outputs=structured_spec(req), **given)
     except (ValueError, TypeError) as e:
-        raise bad_request(e) from None
+        raise bad_request(e, constraint_field(req)) from None
 
 
 async def start(served: Served, http_request, req: SamplingFields, prompts: list[list[int]],
@@ -139,7 +141,7 @@ async def start(served: Served, http_request, req: SamplingFields, prompts: list
     except QueueFull as e:
         raise APIError(503, str(e), code="queue_full") from None
     except (ValueError, TypeError) as e:
-        raise bad_request(e) from None
+        raise bad_request(e, constraint_field(req)) from None
     return Generation(served, http_request, stream, request_id, req.n, [len(p) for p in prompts])
 
 
