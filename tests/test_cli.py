@@ -107,6 +107,22 @@ def test_bench_serve_quick_measures_a_real_server(tmp_path):
     assert "TTFT p50" in r.stdout
 
 
+def test_bench_serve_structured_reports_the_masks_cost(tmp_path):
+    """--structured json: the same workload with a schema per request beside the plain one, the
+    ratio of the two and the grammar compile times, in one run; every constrained answer parses."""
+    out = tmp_path / "serve.json"
+    r = run("bench", "serve", "--quick", "--model", "tiny-llama", "--request-rate", "inf", "--num-prompts", "4",
+            "--structured", "json", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    report = json.loads(out.read_text())
+    assert [row["server"] for row in report["rows"]] == ["minillm", "minillm+json"]
+    assert all(row["completed"] == 4 and row["failed"] == 0 for row in report["rows"]), report["rows"]
+    overhead = report["ratios"]["structured"]
+    assert overhead["inf"]["output_throughput"] > 0
+    assert 0 < overhead["grammar"]["compile_ms_p50"] <= overhead["grammar"]["compile_ms_p99"]
+    assert "minillm+json / minillm" in r.stdout and "grammar compile" in r.stdout
+
+
 def test_bench_serve_arrivals_and_percentiles():
     from minillm.bench.serve import percentile, poisson_arrivals, summarize
     times = poisson_arrivals(1000, 10.0, seed=1)

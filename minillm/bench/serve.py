@@ -13,7 +13,10 @@ Side by side in the same run (`--against transformers`), the same workload again
 folder, one server at a time, never both at once on a small machine.
 
     python -m minillm bench serve [--request-rate 1 4 inf] [--num-prompts 32] [--url URL]
-                                  [--against transformers] [--json FILE] [--quick] [engine flags]
+                                  [--against transformers] [--structured json] [--json FILE] [--quick] [engine flags]
+
+With `--structured json` each server also runs the workload with a JSON schema per request
+(structured.py): the rows "minillm+json" and the ratios say what the grammar masks cost.
 
 The engine flags (cli/engine_args.py) go to the `minillm serve` this bench starts.
 """
@@ -45,12 +48,12 @@ def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
 
 
 async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int,
-                      send_at: float, start: float, gate: asyncio.Semaphore) -> dict:
+                      send_at: float, start: float, gate: asyncio.Semaphore, extra: dict | None = None) -> dict:
     await asyncio.sleep(max(0.0, start + send_at - time.perf_counter()))
     async with gate:
         sent = time.perf_counter()
         body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                "stream": True, "stream_options": {"include_usage": True}}
+                "stream": True, "stream_options": {"include_usage": True}, **(extra or {})}
         chunks, usage, error = [], None, None
         try:
             async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
@@ -72,14 +75,16 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: s
 
 
 async def run_load(url: str, model: str, prompts: list[tuple[str, int]], rate: float, max_concurrency: int,
-                   seed: int) -> tuple[list[dict], float]:
+                   seed: int, structured: bool = False) -> tuple[list[dict], float]:
+    from .structured import response_format
     gate = asyncio.Semaphore(max_concurrency)
     times = poisson_arrivals(len(prompts), rate, seed)
     limits = httpx.Limits(max_connections=max_concurrency + 4)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
         start = time.perf_counter()
-        results = await asyncio.gather(*[one_request(client, url, model, p, n, t, start, gate)
-                                         for (p, n), t in zip(prompts, times)])
+        results = await asyncio.gather(*[one_request(client, url, model, p, n, t, start, gate,
+                                                     response_format(i) if structured else None)
+                                         for i, ((p, n), t) in enumerate(zip(prompts, times))])
     return results, time.perf_counter() - start
 
 
@@ -159,13 +164,18 @@ def main(args) -> dict:
             base = live.url if server else url
             model = _served_model(base)
             for rate in args.request_rate:
-                results, elapsed = asyncio.run(run_load(base, model, prompts, rate, args.max_concurrency, args.seed))
-                row = {"server": name, "rate": rate, **summarize(results, elapsed, args.slo_ttft, args.slo_tpot)}
-                rows.append(row)
-                print_row(row)
+                for structured in ([False, True] if args.structured else [False]):
+                    results, elapsed = asyncio.run(run_load(base, model, prompts, rate, args.max_concurrency,
+                                                            args.seed, structured))
+                    row = {"server": name + ("+json" if structured else ""), "rate": rate,
+                           **summarize(results, elapsed, args.slo_ttft, args.slo_tpot)}
+                    rows.append(row)
+                    print_row(row)
     ratios = {}
+    if args.structured:
+        ratios["structured"] = structured_overhead(rows, args.request_rate, tokenizer, num)
     for rate in args.request_rate:
-        pair = [r for r in rows if r["rate"] == rate]
+        pair = [r for r in rows if r["rate"] == rate and "+" not in r["server"]]
         if len(pair) == 2:
             ours, theirs = pair
             ratios[str(rate)] = {k: ratio(ours[k], theirs[k])
@@ -178,6 +188,22 @@ def main(args) -> dict:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
     return report
+
+
+def structured_overhead(rows: list[dict], rates, tokenizer, num: int) -> dict:
+    """minillm with a schema per request over minillm without, per rate, and the compile times."""
+    from .structured import compile_times_ms
+    out = {}
+    for rate in rates:
+        plain, constrained = (next(r for r in rows if r["server"] == s and r["rate"] == rate)
+                              for s in ("minillm", "minillm+json"))
+        out[str(rate)] = {k: ratio(constrained[k], plain[k]) for k in ("output_throughput", "tpot_p50", "ttft_p50")}
+        print(f"rate {rate:g}: minillm+json / minillm: " + ", ".join(f"{k} {v:.2f}x" for k, v in out[str(rate)].items()))
+    out["grammar"] = compile_times_ms(tokenizer, num)
+    g = out["grammar"]
+    print(f"grammar compile: p50 {g['compile_ms_p50']:.2f} ms, p99 {g['compile_ms_p99']:.2f} ms "
+          f"(reading the vocabulary once: {g['vocabulary_ms']:.0f} ms)")
+    return out
 
 
 def ratio(ours: float, theirs: float) -> float:
@@ -205,6 +231,8 @@ def add_arguments(p) -> None:
     p.add_argument("--model-folder", default=None, help="checkpoint folder for transformers serve")
     p.add_argument("--url", default=None, help="benchmark a running server instead of starting minillm")
     p.add_argument("--against", choices=["transformers"], default=None)
+    p.add_argument("--structured", choices=["json"], default=None,
+                   help="also run the workload with a JSON schema per request (the grammar masks' cost)")
     p.add_argument("--request-rate", type=float, nargs="+", default=[1.0, 4.0, float("inf")])
     p.add_argument("--max-concurrency", type=int, default=64)
     p.add_argument("--num-prompts", type=int, default=None)
