@@ -1,9 +1,9 @@
 """`bench serve --structured json`: the same workload with a JSON schema per request.
 
 Each request gets its own schema (property names carry the request's index, so no two
-compile to the same grammar and the cache never helps): an array of small objects, open
-ended, so an answer runs to about the same length as the unconstrained one and the two
-runs compare. The grammar compile time is measured here, in-process, with the engine's own
+compile to the same grammar and the cache never helps): an array of at least 64 small
+objects, so every answer runs to its max_tokens, as long as the unconstrained answer may, and
+TPOT compares token for token. The grammar compile time is measured here, in-process, with the engine's own
 code (GrammarCache) on the served model's tokenizer: p50 and p99 over the workload's schemas.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ def request_schema(i: int) -> dict:
                                              "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]},
                                                       "maxItems": 3}},
             "required": [f"name_{i}", f"score_{i}"], "additionalProperties": False}
-    return {"type": "array", "items": item}
+    return {"type": "array", "items": item, "minItems": 64}     # never done before max_tokens
 
 
 def response_format(i: int) -> dict:
