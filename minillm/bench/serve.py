@@ -135,6 +135,10 @@ def main(args) -> dict:
     from ..models.embedded import embedded_checkpoint_dir
 
     flags = engine_argv(args)
+    if args.structured and not args.url and "--no-enable-prefix-caching" not in flags:
+        # the two runs send the same prompts: with prefix caching the second would skip most prefill
+        flags.append("--no-enable-prefix-caching")
+        print("--structured: prefix caching off, so the plain and the constrained run prefill alike")
     if flags and args.url:
         raise ValueError(f"engine flags ({' '.join(flags)}) configure the server bench serve starts; "
                          "with --url it starts none")

@@ -24,6 +24,7 @@ from ..runner.model_runner import ModelRunner
 from ..sample.logits_processors import process_logits, wants_processing
 from ..sample.sampler import sample
 from ..sampling_params import SamplingParams
+from ..structured.matchers import StructuredOutputs
 from .fault_isolation import FAILED, FaultIsolation
 from .output_processor import OutputProcessor
 from .request import Request, check_request
@@ -37,7 +38,8 @@ MAX_IDLE_STEPS = 100     # generate(): steps in a row that schedule nothing befo
 class LLMEngine:
     def __init__(self, model, tokenizer, config: EngineConfig | None = None, *,
                  allocator_cls=BlockAllocator, prefix_cache_cls=PrefixCache, scheduler_cls=Scheduler,
-                 block_manager_cls=BlockManager, slot_mapping_fn=slot_mapping, **options):
+                 block_manager_cls=BlockManager, slot_mapping_fn=slot_mapping,
+                 structured_outputs_cls=StructuredOutputs, **options):
         """Pass an EngineConfig or its fields as keyword options, not both. The *_cls and *_fn
         arguments are the seams where a lesson plugs in the learner's piece. The engine runs
         its own copy of the model's module tree (runner/engine_model.py says what that costs)."""
@@ -55,7 +57,8 @@ class LLMEngine:
         self.scheduler = scheduler_cls(self.block_manager, resolved.scheduler_config(config))
         self.tokenizer = tokenizer
         eos = tokenizer.eos_token_ids if tokenizer is not None else set(model.config.eos_token_ids)
-        self.output_processor = OutputProcessor(tokenizer, eos, resolved.device, resolved.vocab_size)
+        self.output_processor = OutputProcessor(tokenizer, eos, resolved.device, resolved.vocab_size,
+                                                structured_outputs_cls)
         self.requests: dict[str, Request] = {}
         self.faults = FaultIsolation(self.requests, self.scheduler)
         self._held: dict[str, RequestOutput] = {}     # outputs generate() stepped past (see step)

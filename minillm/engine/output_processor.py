@@ -17,7 +17,7 @@ import torch
 from ..outputs import CompletionOutput, RequestOutput
 from ..sample.logprobs import PromptLogprobs, token_logprobs
 from ..sample.sampler import make_generator
-from ..structured.matchers import SequenceGrammar, StructuredOutputs, apply_masks
+from ..structured.matchers import SequenceGrammar, StructuredOutputs
 from ..text.stopping import StopChecker
 from .request import Request
 from .sequence import Sequence
@@ -33,10 +33,11 @@ class SequenceState:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer, eos_token_ids, device: torch.device, vocab_size: int):
+    def __init__(self, tokenizer, eos_token_ids, device: torch.device, vocab_size: int,
+                 structured_outputs_cls=StructuredOutputs):
         self.tokenizer, self.eos_token_ids, self.device = tokenizer, eos_token_ids, device
         self.states: dict[int, SequenceState] = {}
-        self.structured = StructuredOutputs(tokenizer, vocab_size)
+        self.structured = structured_outputs_cls(tokenizer, vocab_size)
 
     def add(self, seq: Sequence) -> None:
         """A new sequence (a request's first, or a fork): its generator and stop checker."""
@@ -57,23 +58,15 @@ class OutputProcessor:
         state = self.states[seq.seq_id]
         reason = state.stopper.check(seq.output_token_ids)
         if reason is None and state.grammar is not None:
-            reason = state.grammar.advance(seq.output_token_ids[-1])
+            reason = self.structured.advance(state.grammar, seq.output_token_ids[-1])
         return reason
 
     def mask_logits(self, rows: torch.Tensor, seqs: list[Sequence], on_error) -> None:
         """Constrained sequences' rows keep only the tokens their grammar allows next (in place);
-        `on_error(seq, exception)` for a matcher that fails (its row stays as it was)."""
-        which, masks = [], []
-        for i, seq in enumerate(seqs):
-            grammar = self.states[seq.seq_id].grammar
-            if grammar is None:
-                continue
-            try:
-                masks.append(grammar.allowed())
-                which.append(i)
-            except Exception as e:
-                on_error(seq, e)
-        apply_masks(rows, masks, which)
+        `on_error(seq, exception)` for a matcher that fails."""
+        grammars = [self.states[s.seq_id].grammar for s in seqs]
+        if any(g is not None for g in grammars):
+            self.structured.mask_logits(rows, grammars, lambda i, e: on_error(seqs[i], e))
 
     def record_logprobs(self, seq: Sequence, logits: torch.Tensor, token: int) -> None:
         state = self.states[seq.seq_id]

@@ -45,6 +45,26 @@ class StructuredOutputs:
         from llguidance import LLMatcher
         return SequenceGrammar(LLMatcher(self.cache.ll_tokenizer, self.cache.get(spec)), self.vocab_size)
 
+    # the two moves of a step (lesson 12 overrides them)
+    def mask_logits(self, rows: torch.Tensor, grammars: list, on_error) -> None:
+        """Before sampling: row i keeps only what grammars[i] allows next (in place); a None
+        grammar (an unconstrained sequence) leaves its row alone. `on_error(i, exception)`
+        for a matcher that fails (its row stays as it was)."""
+        which, masks = [], []
+        for i, grammar in enumerate(grammars):
+            if grammar is None:
+                continue
+            try:
+                masks.append(grammar.allowed())
+                which.append(i)
+            except Exception as e:
+                on_error(i, e)
+        apply_masks(rows, masks, which)
+
+    def advance(self, grammar: "SequenceGrammar", token: int) -> str | None:
+        """After sampling: the matcher consumes the picked token; "stop" once the grammar is complete."""
+        return grammar.advance(token)
+
 
 class SequenceGrammar:
     def __init__(self, matcher, vocab_size: int):
