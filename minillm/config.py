@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from .utils.registry import ATTENTION_BACKENDS, LINEAR_BACKENDS
 from .utils.validate import Validated, check_bool, check_choice, check_int, fail
+from .spec.config import SpeculativeConfig
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -171,6 +172,9 @@ class EngineConfig(Validated):
     enforce_eager: bool = option(False, "on CUDA: no CUDA graphs for decode steps")
     quantization: str | None = option(None, "weight-only linears: a registered linear backend (int8, int4, "
                                             "w4a8) or none")
+    speculative_config: dict | None = option(None, "speculative decoding, vLLM's shape, as JSON: "
+                                                   "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' "
+                                                   "(minillm/spec/config.py lists the keys)")
 
     def validate(self) -> None:
         name = "EngineConfig"
@@ -188,6 +192,7 @@ class EngineConfig(Validated):
         check_choice(name, "attention_backend", self.attention_backend, ("auto", *ATTENTION_BACKENDS.names()))
         check_choice(name, "dtype", self.dtype, DTYPES, optional=True)
         check_choice(name, "quantization", self.quantization, sorted(LINEAR_BACKENDS.names()), optional=True)
+        object.__setattr__(self, "speculative_config", SpeculativeConfig.coerce(self.speculative_config))
         if self.device is not None:
             if not isinstance(self.device, str):
                 fail(name, "device", "'cpu', 'cuda', 'cuda:N' or None", self.device, TypeError)

@@ -46,6 +46,7 @@ class Seq:
     def __init__(self, token_ids, block_table):
         self.token_ids, self.block_table, self.num_computed_tokens = list(token_ids), block_table, 0
         self.prompt_token_ids, self.params = self.token_ids, SamplingParams()
+        self.input_token_ids, self.spec_token_ids = self.token_ids, []
 
     def __len__(self):
         return len(self.token_ids)
@@ -69,7 +70,7 @@ def test_static_step_matches_runner_and_padding_touches_only_scratch(backend):
     static_kv = [t.clone() for t in step.k + step.v]
     for t, b in zip(step.k + step.v, before):
         t.copy_(b)
-    samplers, eager_logits, _ = runner.execute([(s, 1) for s in seqs])
+    samplers, eager_logits, *_ = runner.execute([(s, 1) for s in seqs])
     assert samplers == seqs
     torch.testing.assert_close(static_logits, eager_logits, rtol=1e-5, atol=1e-5)
     assert torch.equal(static_logits.argmax(-1), eager_logits.argmax(-1))

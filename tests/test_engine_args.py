@@ -13,6 +13,7 @@ from minillm.__main__ import main as cli
 from minillm.bench import decode_step
 from minillm.cli.engine_args import (add_engine_arguments, engine_argv, engine_config_from_args, engine_options,
                                      flag)
+from minillm.spec.config import SpeculativeConfig
 from minillm.config import EngineConfig
 
 FIELDS = dataclasses.fields(EngineConfig)
@@ -34,6 +35,9 @@ def non_default(f: dataclasses.Field, parser: argparse.ArgumentParser) -> tuple[
         value = next(c for c in choices if c not in (f.default, "none"))
     elif f.name == "device":                          # the one free-form string
         value = "cpu"
+    elif f.name == "speculative_config":              # the one JSON object
+        return [flag(f.name), '{"method": "ngram", "num_speculative_tokens": 3}'], SpeculativeConfig(
+            num_speculative_tokens=3)
     else:
         value = (f.default or 0) + 3                   # every other field is an int
     return [flag(f.name), str(value)], value
@@ -74,7 +78,7 @@ def test_every_command_parses_every_flag_into_its_config(command):
         flags, expected[f.name] = non_default(f, shared_parser())
         argv += flags
     config = engine_config_from_args(parser.parse_args(argv))
-    assert dataclasses.asdict(config) == expected
+    assert {f.name: getattr(config, f.name) for f in FIELDS} == expected
 
 
 def test_left_out_flags_keep_the_defaults_and_only_given_ones_are_options():

@@ -34,7 +34,7 @@ for blob in steps:
     plan = pickle.loads(blob)
     runner.apply_block_ops(plan.block_ops)
     if plan.scheduled:
-        seqs, logits, _ = runner.execute(plan.scheduled)
+        seqs, logits, *_ = runner.execute(plan.scheduled)
         results.append(([s.seq_id for s in seqs], logits))
     else:
         results.append(None)
@@ -63,9 +63,9 @@ def test_pickled_plans_replay_in_a_fresh_process_to_the_same_logits(tmp_path):
         return plan
 
     def recording_execute(scheduled):
-        seqs, logits, scores = execute(scheduled)
-        results[-1] = ([s.seq_id for s in seqs], logits.clone())
-        return seqs, logits, scores
+        out = execute(scheduled)
+        results[-1] = ([s.seq_id for s in out.samplers], out.logits.clone())
+        return out
 
     engine.scheduler.plan_step, engine.runner.execute = recording_plan_step, recording_execute
     outs = engine.generate(PROMPTS, PARAMS)

@@ -9,6 +9,7 @@ parsed args and keeps EngineConfig's default (or the default a bench passes in).
 from __future__ import annotations
 
 import argparse
+import json
 import dataclasses
 import typing
 
@@ -32,6 +33,16 @@ def _choices(name: str) -> tuple[str, ...] | None:
             "quantization": (*LINEAR_BACKENDS.names(), NO_QUANTIZATION),
             "scheduling_policy": SCHEDULING_POLICIES, "preemption_mode": PREEMPTION_MODES,
             "dtype": DTYPES}.get(name)
+
+
+def json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object, such as '{\"method\": \"ngram\"}'")
+    return value
 
 
 def _base_type(hint):
@@ -59,6 +70,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser, **defaults) -> argpars
         options = dict(dest=f.name, default=defaults.get(f.name), help=text)
         if kind is bool:
             options["action"] = argparse.BooleanOptionalAction
+        elif kind is dict:                               # a JSON object (speculative_config)
+            options.update(type=json_object, metavar="JSON")
         else:
             options.update(type=kind, choices=_choices(f.name))
         group.add_argument(flag(f.name), **options)
@@ -87,6 +100,8 @@ def engine_argv(args) -> list[str]:
     for name, value in engine_options(args).items():
         if isinstance(value, bool):
             argv.append(flag(name) if value else "--no-" + flag(name)[2:])
+        elif isinstance(value, dict):
+            argv += [flag(name), json.dumps(value)]
         else:
             argv += [flag(name), NO_QUANTIZATION if value is None else str(value)]
     return argv

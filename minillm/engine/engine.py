@@ -30,6 +30,8 @@ from .output_processor import OutputProcessor
 from .request import Request, check_request
 from .resolved_config import resolve_config
 from .scheduler import Scheduler, SchedulerOutput
+from .stats import engine_stats
+from ..spec.speculator import Speculator
 from .sequence import Sequence
 
 MAX_IDLE_STEPS = 100     # generate(): steps in a row that schedule nothing before it calls it a deadlock
@@ -64,6 +66,8 @@ class LLMEngine:
         self._held: dict[str, RequestOutput] = {}     # outputs generate() stepped past (see step)
         self._seq_ids = itertools.count()
         self._last_plan = SchedulerOutput()
+        spec = config.speculative_config
+        self.speculator = Speculator(spec, resolved.max_model_len) if spec is not None else None
 
     # what the lessons and the server read
     model = property(lambda self: self.runner.model, doc="the model this engine runs (its own tree)")
@@ -138,20 +142,7 @@ class LLMEngine:
         return list(held.values())
 
     def stats(self) -> dict:
-        bm, pc = self.block_manager, self.block_manager.prefix_cache
-        return {
-            "num_preemptions": self.scheduler.num_preemptions,
-            "num_recomputed_tokens": self.scheduler.num_recomputed_tokens,
-            "num_cow_copies": bm.num_cow_copies,
-            "num_swapped_out_blocks": bm.num_swapped_out_blocks,
-            "num_swapped_in_blocks": bm.num_swapped_in_blocks,
-            "prefix_cache_hit_rate": pc.hit_rate if pc else 0.0,
-            "kv_blocks_used": bm.allocator.num_blocks - bm.num_free_blocks,
-            "kv_blocks_total": bm.allocator.num_blocks,
-            "attention_backend": self.kv_cache.backend.name,
-            "quantization": self.resolved.quantization,
-            "config": self.resolved.as_dict(),          # every derived value, with its reason
-        }
+        return engine_stats(self)
 
     def generate(self, prompts: list, params: SamplingParams | list[SamplingParams] | None = None,
                  priority: list[int] | None = None, on_finish=None) -> list[RequestOutput]:
@@ -192,27 +183,39 @@ class LLMEngine:
         return [final[r] for r in ids]
 
     def _step(self) -> list[RequestOutput]:
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running)           # drafts: plain data on each sequence
         plan = self._last_plan = self.scheduler.plan_step()           # who feeds which tokens, block moves
         faults = self.faults                                          # a fault ends only the requests it hits
         faults.begin(plan)
         try:
             self._record_schedule(plan)
             if faults.move_blocks(self.runner.apply_block_ops, plan) and plan.scheduled:
-                samplers, logits, scores = faults.forward(self.runner.execute, plan.scheduled)  # one flat forward
+                samplers, logits, scores, drafted = faults.forward(self.runner.execute, plan.scheduled)
                 self.output_processor.record_prompt_logprobs(scores)
-                for seq, n in plan.scheduled:                                         # their K/V are in
+                for seq, n in plan.scheduled:                    # their K/V are in (drafts: once accepted)
                     if not seq.is_finished:
-                        faults.guarded(seq, "recording computed tokens", self.scheduler.mark_computed, seq, n)
+                        faults.guarded(seq, "recording computed tokens", self.scheduler.mark_computed, seq,
+                                       n - len(seq.spec_token_ids))
                 rows, seqs = self._fork(samplers)                                     # n > 1: prompt done
                 live = [(r, s) for r, s in zip(rows, seqs) if not s.is_finished]
                 tokens = faults.sample(sample, [s for _, s in live], self._processed_logits(live, logits),
                                        [self.output_processor.generator(s) for _, s in live])
-                self._update_from_tokens(live, logits, tokens)                        # append, stop checks
+                for (row, seq), token in zip(live, tokens):                           # append, stop checks
+                    self._emit(seq, token, logits[row])
+                self._verify_drafts(drafted)                                          # speculation: keep what the model agrees with
         except BaseException as e:          # an interrupt, or a bug outside the guarded stages
             faults.fail_touched(f"the step failed: {e!r}")
             self._held.update((out.request_id, out) for out in self._collect_outputs())   # the next step()
             raise
         return self._collect_outputs()
+
+    def _verify_drafts(self, drafted: dict) -> None:
+        for seq, rows in drafted.values():
+            if not seq.is_finished:
+                self.faults.guarded(seq, "verifying drafted tokens", self.speculator.verify, seq, rows,
+                                    self.output_processor.generator(seq), self._emit, self.scheduler.mark_computed)
+                self.block_manager.trim(seq)            # rejected drafts' slots given back
 
     def _record_schedule(self, plan: SchedulerOutput) -> None:
         now = time.monotonic()
@@ -261,30 +264,32 @@ class LLMEngine:
             seq.request_id, f"structured outputs failed: {e!r}"))          # grammar masks, last
         return rows
 
-    def _update_from_tokens(self, live: list[tuple[int, Sequence]], logits, tokens: list) -> None:
-        """Per token: its logprobs, appended to its sequence, the stop checks, a finished sequence out."""
-        now, faults, outputs = time.monotonic(), self.faults, self.output_processor
-        for (row, seq), token in zip(live, tokens):
-            if seq.is_finished:             # a sibling's failure ended the whole request
-                continue
-            if isinstance(token, Exception):
-                faults.fail(seq.request_id, f"sampling failed: {token!r}")
-                continue
-            if seq.params.logprobs is not None and faults.guarded(
-                    seq, "computing logprobs", outputs.record_logprobs, seq, logits[row], token) is FAILED:
-                continue
-            req = self.requests[seq.request_id]
-            req.metrics.first_token_time = req.metrics.first_token_time or now
-            self.scheduler.append_token(seq, token)
-            reason = faults.guarded(seq, "checking stop conditions", outputs.check_stop, seq)
-            if reason is FAILED:
-                continue
-            if reason is None and len(seq) >= self.max_model_len:
-                reason = "length"           # unreachable when add_request checked max_tokens
-            if reason:
-                self.scheduler.finish(seq, reason)
-                if req.finished:
-                    req.metrics.finished_time = now
+    def _emit(self, seq: Sequence, token, logits_row) -> bool:
+        """One new token (or a sampling failure) for a sequence: its logprobs, appended, the stop
+        checks, a finished sequence out. True while the sequence runs on."""
+        faults, outputs = self.faults, self.output_processor
+        if seq.is_finished:                 # a sibling's failure ended the whole request
+            return False
+        if isinstance(token, Exception):
+            faults.fail(seq.request_id, f"sampling failed: {token!r}")
+            return False
+        token = int(token)
+        if seq.params.logprobs is not None and faults.guarded(
+                seq, "computing logprobs", outputs.record_logprobs, seq, logits_row, token) is FAILED:
+            return False
+        req, now = self.requests[seq.request_id], time.monotonic()
+        req.metrics.first_token_time = req.metrics.first_token_time or now
+        self.scheduler.append_token(seq, token)
+        reason = faults.guarded(seq, "checking stop conditions", outputs.check_stop, seq)
+        if reason is FAILED:
+            return False
+        if reason is None and len(seq) >= self.max_model_len:
+            reason = "length"               # unreachable when add_request checked max_tokens
+        if reason:
+            self.scheduler.finish(seq, reason)
+            if req.finished:
+                req.metrics.finished_time = now
+        return not reason
 
     def _collect_outputs(self) -> list[RequestOutput]:
         """An output for each request the step touched (or failed); finished ones leave."""

@@ -41,24 +41,25 @@ class FaultIsolation:
                 self.fail(seq.request_id, f"moving KV blocks failed: {e!r}")
             return False
 
-    def forward(self, execute, scheduled: list[tuple[Sequence, int]]) -> tuple[list[Sequence], torch.Tensor, list]:
+    def forward(self, execute, scheduled: list[tuple[Sequence, int]]):
         """One forward for the whole batch. If it raises, run each sequence alone: the others'
         logits are those they would have had alone (their K/V slots are simply written again)."""
         try:
             return execute(scheduled)
         except Exception:
             pass
-        samplers, rows, scores = [], [], []
+        samplers, rows, scores, drafted = [], [], [], {}
         for seq, n in scheduled:
             try:
-                s, logits, prompt_logprobs = execute([(seq, n)])
+                s, logits, prompt_logprobs, drafts = execute([(seq, n)])
             except Exception as e:
                 self.fail(seq.request_id, f"the model failed on this request: {e!r}")
                 continue
             samplers += s
             rows += [logits] if s else []
             scores += prompt_logprobs
-        return samplers, (torch.cat(rows) if rows else torch.zeros(0, 0)), scores
+            drafted.update(drafts)
+        return samplers, (torch.cat(rows) if rows else torch.zeros(0, 0)), scores, drafted
 
     def sample(self, sample, seqs: list[Sequence], logits: torch.Tensor, generators: list) -> list:
         """One token per row (an Exception in place of a row that cannot be sampled). If the

@@ -89,6 +89,9 @@ class ContinuousBatchingScheduler:
         """What the engine calls each step: the schedule, with the block moves it queued."""
         self.drop_finished_waiting()
         out = self.schedule()
+        for seq, n in out.scheduled:          # drafts past the step's budget are not fed (speculation)
+            if seq.spec_token_ids and n < seq.num_uncomputed_tokens:
+                del seq.spec_token_ids[max(0, n - (len(seq) - seq.num_computed_tokens)):]
         out.block_ops = self.bm.take_ops()
         return out
 
@@ -252,6 +255,7 @@ class Scheduler(ContinuousBatchingScheduler):
         self.running.remove(seq)
         self.num_preemptions += 1
         out.preempted.append(seq)
+        seq.spec_token_ids = []                # drafts are proposed afresh once it runs again
         if self.preemption_mode == "swap" and self.bm.can_swap_out(seq):
             self.bm.swap_out(seq)
             seq.status = Status.SWAPPED

@@ -41,6 +41,7 @@ class Sequence:
     finish_reason: str | None = None
     priority: int = 0
     arrival: float = 0.0
+    spec_token_ids: list[int] = field(default_factory=list)   # this step's drafts (speculative decoding)
 
     @property
     def token_ids(self) -> list[int]:
@@ -51,8 +52,13 @@ class Sequence:
 
     @property
     def num_uncomputed_tokens(self) -> int:
-        """Tokens still to feed the model before the next one can be sampled."""
-        return len(self) - self.num_computed_tokens
+        """Tokens still to feed the model before the next one can be sampled (drafts included)."""
+        return len(self) + len(self.spec_token_ids) - self.num_computed_tokens
+
+    @property
+    def input_token_ids(self) -> list[int]:
+        """What the model is fed from: the tokens, then this step's drafts."""
+        return self.token_ids + self.spec_token_ids if self.spec_token_ids else self.token_ids
 
     @property
     def is_finished(self) -> bool:

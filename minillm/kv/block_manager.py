@@ -146,6 +146,12 @@ class BlockManager:
             if self.prefix_cache is not None:
                 self.prefix_cache.insert(h, seq.block_table[i])
 
+    def trim(self, seq) -> None:
+        """Give back the blocks past what the sequence's tokens need (slots of rejected drafts)."""
+        keep = cdiv(len(seq), self.block_size)
+        while len(seq.block_table) > keep:
+            self.allocator.free(seq.block_table.pop())
+
     # -- sharing and freeing ---------------------------------------------------------
     def fork(self, parent, child) -> None:
         """The child shares every block of the parent (copy-on-write happens on write)."""

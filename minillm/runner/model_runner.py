@@ -13,6 +13,8 @@ road with static shapes (`static_decode.py`): compiled with `compile=True`
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from ..attention import make_backend
@@ -23,6 +25,13 @@ from .compiled_decode import CompiledDecodeStep
 from .cuda_graphs import CUDAGraphDecode, capture_safe
 from .engine_model import model_for_engine
 from .fixed_shape_decode import StaticDecodeStep
+
+
+class ForwardOutput(NamedTuple):
+    samplers: list                 # sequences that sample one token, in row order
+    logits: torch.Tensor           # [len(samplers), V]
+    prompt_logprobs: list          # PromptLogprobs chunks (SamplingParams.prompt_logprobs)
+    drafted: dict                  # seq_id -> (sequence, logits [drafts + 1, V]) to verify
 
 
 class ModelRunner:
@@ -55,20 +64,23 @@ class ModelRunner:
         self.kv_cache.apply(ops)
 
     @torch.inference_mode()
-    def execute(self, scheduled: list[tuple[object, int]]) -> tuple[list, torch.Tensor, list[PromptLogprobs]]:
-        """scheduled: [(sequence, num_new_tokens)]. Returns (sequences that sample, their logits
-        [S, V], the prompt logprobs this step computed)."""
+    def execute(self, scheduled: list[tuple[object, int]]) -> "ForwardOutput":
+        """scheduled: [(sequence, num_new_tokens)]. Returns the sequences that sample, their logits
+        [S, V], the prompt logprobs this step computed and, for sequences that fed drafts,
+        {seq_id: (sequence, logits [drafts + 1, V])} to verify them with."""
         if self.run_decode is not None and is_pure_decode(scheduled):
             seqs = [s for s, _ in scheduled]
             if self.static_step.fits(seqs):
-                return seqs, self.run_decode(seqs), []
+                return ForwardOutput(seqs, self.run_decode(seqs), [], {})
         device = self.kv_cache.device
-        input_ids, rows, samplers, scored = [], [], [], []
+        input_ids, rows, samplers, scored, drafted = [], [], [], [], []
         for seq, n in scheduled:
             start = seq.num_computed_tokens
             scored += [(seq, start, len(input_ids), n)] if seq.params.prompt_logprobs is not None else []
-            input_ids += seq.token_ids[start:start + n]
-            if start + n == len(seq):                 # fed everything it has: predicts the next token
+            input_ids += seq.input_token_ids[start:start + n]
+            if seq.spec_token_ids:                    # the last token and each draft: k + 1 predictions
+                drafted.append((seq, len(input_ids) - len(seq.spec_token_ids) - 1))
+            elif start + n == len(seq):               # fed everything it has: predicts the next token
                 rows.append(len(input_ids) - 1)
                 samplers.append(seq)
         step = PagedStep.build([s.block_table for s, _ in scheduled],
@@ -78,9 +90,12 @@ class ModelRunner:
         self.kv_cache.set_step(step)
         hidden = self.model(torch.tensor(input_ids, device=device), step.positions, self.kv_cache)
         prompt_logprobs = [p for p in (self.score_prompt(hidden, *s) for s in scored) if p is not None]
+        drafts = {seq.seq_id: (seq, self.model.compute_logits(hidden[first:first + len(seq.spec_token_ids) + 1]))
+                  for seq, first in drafted}
         if not rows:
-            return [], hidden.new_zeros(0, 0), prompt_logprobs
-        return samplers, self.model.compute_logits(hidden[torch.tensor(rows, device=device)]), prompt_logprobs
+            return ForwardOutput([], hidden.new_zeros(0, 0), prompt_logprobs, drafts)
+        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=device)])
+        return ForwardOutput(samplers, logits, prompt_logprobs, drafts)
 
     def score_prompt(self, hidden, seq, start: int, offset: int, n: int) -> PromptLogprobs | None:
         """The logprobs of the prompt tokens that this chunk's positions start .. start+n-1
