@@ -28,6 +28,12 @@ class RequestMetrics:
     first_token_time: float | None = None
     finished_time: float | None = None
     num_preemptions: int = 0
+    spec_proposed_tokens: int = 0      # speculative decoding: drafts verified ...
+    spec_accepted_tokens: int = 0      # ... and kept
+
+    def count_drafts(self, proposed: int, accepted: int) -> None:
+        self.spec_proposed_tokens += proposed
+        self.spec_accepted_tokens += accepted
 
 
 @dataclass

@@ -119,3 +119,24 @@ def test_bad_speculative_config_is_refused_before_loading():
     for bad in ({"method": "eagle"}, {"num_speculative_tokens": 0}, {"numspec": 3}, "ngram"):
         with pytest.raises((ValueError, TypeError), match="speculative_config|SpeculativeConfig"):
             LLMEngine(model, tokenizer, speculative_config=bad)
+
+
+def test_counts_per_request_and_in_metrics():
+    import httpx
+    from minillm.server.app import build_app
+    from minillm.server.run import serve_in_thread, stop_server
+    model, tokenizer, _ = get_model("SmolLM2-135M-Instruct")
+    engine = LLMEngine(model, tokenizer, num_kv_blocks=128, speculative_config=SPEC)
+    out = engine.generate([REPEAT], SamplingParams(max_tokens=20, temperature=0))[0]
+    m = out.metrics
+    assert 0 < m.spec_accepted_tokens <= m.spec_proposed_tokens
+    srv = serve_in_thread(build_app(engine, "smol"))
+    try:
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": REPEAT, "max_tokens": 12, "temperature": 0})
+        assert r.status_code == 200
+        text = httpx.get(srv.url + "/metrics").text
+        accepted = next(float(line.split()[-1]) for line in text.splitlines()
+                        if line.startswith("minillm:spec_decode_num_accepted_tokens"))
+        assert accepted >= m.spec_accepted_tokens and "minillm:spec_decode_acceptance_rate" in text
+    finally:
+        stop_server(srv)

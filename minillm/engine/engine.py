@@ -213,8 +213,11 @@ class LLMEngine:
     def _verify_drafts(self, drafted: dict) -> None:
         for seq, rows in drafted.values():
             if not seq.is_finished:
-                self.faults.guarded(seq, "verifying drafted tokens", self.speculator.verify, seq, rows,
-                                    self.output_processor.generator(seq), self._emit, self.scheduler.mark_computed)
+                counts = self.faults.guarded(seq, "verifying drafted tokens", self.speculator.verify, seq, rows,
+                                             self.output_processor.generator(seq), self._emit,
+                                             self.scheduler.mark_computed)
+                if counts is not FAILED:
+                    self.requests[seq.request_id].metrics.count_drafts(*counts)
                 self.block_manager.trim(seq)            # rejected drafts' slots given back
 
     def _record_schedule(self, plan: SchedulerOutput) -> None:

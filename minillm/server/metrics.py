@@ -48,6 +48,15 @@ class EngineCollector:
         yield memory
         yield CounterMetricFamily("minillm:num_preemptions", "Sequences preempted so far",
                                   value=s.get("num_preemptions", 0))
+        if "spec_proposed_tokens" in s:               # with --speculative-config
+            yield CounterMetricFamily("minillm:spec_decode_num_draft_tokens", "Drafted tokens verified",
+                                      value=s["spec_proposed_tokens"])
+            yield CounterMetricFamily("minillm:spec_decode_num_accepted_tokens", "Drafted tokens accepted",
+                                      value=s["spec_accepted_tokens"])
+            yield GaugeMetricFamily("minillm:spec_decode_acceptance_rate", "Accepted / drafted tokens",
+                                    value=s["spec_acceptance_rate"])
+            yield GaugeMetricFamily("minillm:spec_decode_mean_accepted_length",
+                                    "Drafts accepted per verification", value=s["spec_mean_accepted_length"])
 
 
 class Metrics:
