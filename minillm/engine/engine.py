@@ -213,11 +213,9 @@ class LLMEngine:
     def _verify_drafts(self, drafted: dict) -> None:
         for seq, rows in drafted.values():
             if not seq.is_finished:
-                counts = self.faults.guarded(seq, "verifying drafted tokens", self.speculator.verify, seq, rows,
-                                             self.output_processor.generator(seq), self._emit,
-                                             self.scheduler.mark_computed)
-                if counts is not FAILED:
-                    self.requests[seq.request_id].metrics.count_drafts(*counts)
+                self.faults.guarded(seq, "verifying drafted tokens", self.speculator.verify, seq, rows,
+                                    self.output_processor.generator(seq), self._emit, self.scheduler.mark_computed,
+                                    self.requests[seq.request_id].metrics)
                 self.block_manager.trim(seq)            # rejected drafts' slots given back
 
     def _record_schedule(self, plan: SchedulerOutput) -> None:
@@ -268,8 +266,7 @@ class LLMEngine:
         return rows
 
     def _emit(self, seq: Sequence, token, logits_row) -> bool:
-        """One new token (or a sampling failure) for a sequence: its logprobs, appended, the stop
-        checks, a finished sequence out. True while the sequence runs on."""
+        """A new token (or a sampling failure): logprobs, appended, stop checks. True while it runs on."""
         faults, outputs = self.faults, self.output_processor
         if seq.is_finished:                 # a sibling's failure ended the whole request
             return False

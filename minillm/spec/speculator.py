@@ -46,21 +46,21 @@ class Speculator:
             if room > 0:
                 seq.spec_token_ids = propose_ngram(seq.token_ids, room, c.prompt_lookup_min, c.prompt_lookup_max)
 
-    def verify(self, seq, logits, generator, emit, mark_computed) -> tuple[int, int]:
+    def verify(self, seq, logits, generator, emit, mark_computed, metrics) -> None:
         """Decide the kept tokens from logits [drafts + 1, V]; `emit(seq, token, row)` appends one
         (False once the sequence has finished); an accepted draft's K/V then count as computed.
-        Returns (drafts proposed, drafts accepted)."""
+        The request's metrics count the drafts proposed and accepted."""
         drafts, seq.spec_token_ids = seq.spec_token_ids, []
         tokens = verify(logits, drafts, seq.params, generator)
         self.num_verifications += 1
         self.num_proposed += len(drafts)
         self.num_accepted += len(tokens) - 1
+        metrics.count_drafts(len(drafts), len(tokens) - 1)
         for i, token in enumerate(tokens):
             if not emit(seq, token, logits[i]):
                 break
             if i < len(tokens) - 1:             # an accepted draft: its K/V were written by this step
                 mark_computed(seq, 1)
-        return len(drafts), len(tokens) - 1
 
     def stats(self) -> dict:
         n = self.num_verifications
