@@ -184,7 +184,7 @@ class LLMEngine:
 
     def _step(self) -> list[RequestOutput]:
         if self.speculator is not None:
-            self.speculator.propose(self.scheduler.running)           # drafts: plain data on each sequence
+            self.speculator.propose(self.scheduler.running, self.output_processor.grammar)   # drafts, on each seq
         plan = self._last_plan = self.scheduler.plan_step()           # who feeds which tokens, block moves
         faults = self.faults                                          # a fault ends only the requests it hits
         faults.begin(plan)
@@ -215,7 +215,7 @@ class LLMEngine:
             if not seq.is_finished:
                 self.faults.guarded(seq, "verifying drafted tokens", self.speculator.verify, seq, rows,
                                     self.output_processor.generator(seq), self._emit, self.scheduler.mark_computed,
-                                    self.requests[seq.request_id].metrics)
+                                    self.requests[seq.request_id].metrics, self.output_processor.grammar(seq))
                 self.block_manager.trim(seq)            # rejected drafts' slots given back
 
     def _record_schedule(self, plan: SchedulerOutput) -> None:

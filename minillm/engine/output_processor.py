@@ -49,6 +49,9 @@ class OutputProcessor:
     def generator(self, seq: Sequence) -> torch.Generator | None:
         return self.states[seq.seq_id].generator
 
+    def grammar(self, seq: Sequence) -> SequenceGrammar | None:
+        return self.states[seq.seq_id].grammar
+
     def stop_checker(self, seq: Sequence) -> StopChecker:
         return self.states[seq.seq_id].stopper
 

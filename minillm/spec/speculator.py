@@ -10,9 +10,12 @@
                    the block table is trimmed to what the kept tokens need and no rejected token
                    ever enters a block hash (only computed, full blocks are hashed).
 
-Speculation is skipped for a sequence whose logits are processed per token (penalties,
-logit_bias, min_p, min_tokens, a grammar), and for the whole step above `max_batch_size`
-running sequences.
+A sequence with a grammar (structured outputs) speculates too: its drafts are cut at the
+first token the grammar would refuse, and each verified row is masked by the grammar as it
+stands after the drafts before it (the matcher consumes the drafts, then rolls back; only the
+kept tokens advance it for good). Speculation is skipped for a sequence whose logits are
+processed per token (penalties, logit_bias, min_p, min_tokens), and for the whole step above
+`max_batch_size` running sequences.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from ..sample.logits_processors import wants_processing
 from .config import SpeculativeConfig
 from .ngram import propose_ngram
 from .rejection import verify
+from ..structured.matchers import apply_masks
 
 
 class Speculator:
@@ -28,11 +32,10 @@ class Speculator:
         self.num_proposed = self.num_accepted = self.num_verifications = 0
 
     def eligible(self, seq) -> bool:
-        p = seq.params
         return (bool(seq.output_token_ids) and seq.num_computed_tokens == len(seq) - 1
-                and p.structured_outputs is None and not wants_processing(p, len(seq.output_token_ids)))
+                and not wants_processing(seq.params, len(seq.output_token_ids)))
 
-    def propose(self, running: list) -> None:
+    def propose(self, running: list, grammar_of=lambda seq: None) -> None:
         for seq in running:
             seq.spec_token_ids = []
         if len(running) > self.config.max_batch_size:
@@ -45,13 +48,19 @@ class Speculator:
                        self.max_model_len - len(seq) - 1)
             if room > 0:
                 seq.spec_token_ids = propose_ngram(seq.token_ids, room, c.prompt_lookup_min, c.prompt_lookup_max)
+            grammar = grammar_of(seq)
+            if grammar is not None and seq.spec_token_ids:      # only drafts the grammar allows
+                fit = grammar.matcher.try_consume_tokens(seq.spec_token_ids)
+                grammar.matcher.rollback(fit)
+                del seq.spec_token_ids[fit:]
 
-    def verify(self, seq, logits, generator, emit, mark_computed, metrics) -> None:
+    def verify(self, seq, logits, generator, emit, mark_computed, metrics, grammar=None) -> None:
         """Decide the kept tokens from logits [drafts + 1, V]; `emit(seq, token, row)` appends one
         (False once the sequence has finished); an accepted draft's K/V then count as computed.
         The request's metrics count the drafts proposed and accepted."""
         drafts, seq.spec_token_ids = seq.spec_token_ids, []
-        tokens = verify(logits, drafts, seq.params, generator)
+        scored = logits if grammar is None else masked_by_grammar(logits, drafts, grammar)
+        tokens = verify(scored, drafts, seq.params, generator)     # (logprobs stay the model's own: logits)
         self.num_verifications += 1
         self.num_proposed += len(drafts)
         self.num_accepted += len(tokens) - 1
@@ -67,3 +76,16 @@ class Speculator:
         return {"spec_proposed_tokens": self.num_proposed, "spec_accepted_tokens": self.num_accepted,
                 "spec_acceptance_rate": self.num_accepted / self.num_proposed if self.num_proposed else 0.0,
                 "spec_mean_accepted_length": self.num_accepted / n if n else 0.0}
+
+
+def masked_by_grammar(logits, drafts: list[int], grammar):
+    """Row i keeps what the grammar allows after drafts[:i] (consumed, then rolled back)."""
+    masks = []
+    for i in range(len(drafts) + 1):
+        masks.append(grammar.allowed())
+        if i < len(drafts):
+            grammar.matcher.consume_token(drafts[i])
+    grammar.matcher.rollback(len(drafts))
+    rows = logits.float().clone()
+    apply_masks(rows, masks, list(range(len(drafts) + 1)))
+    return rows
