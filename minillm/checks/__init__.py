@@ -30,6 +30,8 @@ went wrong and where to look.
 | 08     | check_paged_decode_kernel | minillm.attention.triton_decode.paged_decode_kernel   |
 | 09     | check_int8_quantizer   | minillm.quant.reference.quantize_int8, dequantize_int8   |
 | 09     | check_int4_quantizer   | minillm.quant.reference.quantize_int4, dequantize_int4   |
+| 12     | check_structured_outputs | a StructuredOutputs subclass overriding mask_logits / advance |
+| 12     | check_choice_constraint | minillm.structured.choice_trie.ChoiceConstraint         |
 
 Each lesson's graders live in `lessonNN*.py`, built on `harness.py` (cases, verdicts,
 hints) and, for lessons 03-06, `engine_runs.py` (engine runs compared with the
@@ -56,10 +58,13 @@ from .lesson07_stream import check_request_stream
 from .lesson08 import check_paged_decode_kernel
 from .lesson09_int4 import check_int4_quantizer
 from .lesson09_int8 import check_int8_quantizer
+from .lesson12_choice import check_choice_constraint
+from .lesson12_masks import check_structured_outputs
 
 __all__ = ["check_rope", "check_top_k", "check_top_p", "check_sampler", "check_generate_naive",
            "check_contiguous_cache", "check_block_allocator", "check_slot_mapping", "check_block_hash",
            "check_prefix_cache", "check_copy_on_write", "check_scheduler", "check_preemption", "check_swap",
            "check_detokenizer", "check_request_stream",
            "check_paged_decode_kernel",
-           "check_int8_quantizer", "check_int4_quantizer"]
+           "check_int8_quantizer", "check_int4_quantizer",
+           "check_structured_outputs", "check_choice_constraint"]

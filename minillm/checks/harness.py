@@ -81,6 +81,15 @@ REFERENCES = {
     "check_paged_decode_kernel": "minillm.attention.triton_decode:paged_decode_kernel",
     "check_int8_quantizer": "minillm.quant.reference:quantize_int8",
     "check_int4_quantizer": "minillm.quant.reference:quantize_int4",
+    "check_structured_outputs": "minillm.structured.matchers:StructuredOutputs",
+    "check_choice_constraint": "minillm.structured.choice_trie:ChoiceConstraint",
+}
+
+# grader -> package functions that answer part of its exercise beside the reference ("module:attribute"):
+# the exercise cell writes them too (lesson 12's mask_logits calls the notebook's own apply_masks), so
+# calling the package's from the notebook fails the exercise as a call of the reference would
+PART_ANSWERS = {
+    "check_structured_outputs": ("minillm.structured.matchers:apply_masks",),
 }
 
 

@@ -84,15 +84,21 @@ def _subclasses(cls) -> list[type]:
 def answers_of(grader: str, methods: list[str]) -> list[tuple[str, object, type | None, str | None]]:
     """The package's answer to the exercise `grader` checks: (label, object, class, method name)
     for each exercise method of the reference class and of the package's subclasses that override
-    it; (label, function or kernel, None, None) for a function exercise."""
+    it; (label, function or kernel, None, None) for a function exercise and for each function of
+    `harness.PART_ANSWERS` (a helper the exercise cell writes beside the graded class)."""
+    from ..checks.harness import PART_ANSWERS
     try:
         name, target = _reference(grader)
     except Exception:
         return []
+    parts = []
+    for dotted in PART_ANSWERS.get(grader, ()):
+        module, attribute = dotted.split(":")
+        parts.append((f"{module}.{attribute}", getattr(importlib.import_module(module), attribute), None, None))
     if not isinstance(target, type):
-        return [(name, target, None, None)]
+        return [(name, target, None, None)] + parts
     return [(f"{k.__module__}.{k.__qualname__}.{m}", vars(k)[m], k, m)
-            for k in _subclasses(target) for m in methods if m in vars(k)]
+            for k in _subclasses(target) for m in methods if m in vars(k)] + parts
 
 
 class AnswerGuard:
