@@ -24,10 +24,12 @@ def test_ngram_proposer_finds_the_latest_longest_match():
     assert propose_ngram([5, 6, 5], 2, 1, 1) == [6, 5]
 
 
-def engines(model, tokenizer, **options):
+def engines(model, tokenizer, spec=SPEC, **options):
     base = LLMEngine(model, tokenizer, **options)
-    spec = LLMEngine(model, tokenizer, speculative_config=SPEC, **options)
-    return base, spec
+    return base, LLMEngine(model, tokenizer, speculative_config=spec, **options)
+
+
+SELF_DRAFT = {"method": "self_draft", "num_speculative_tokens": 3, "num_draft_layers": 1}
 
 
 def prompts_for(tokenizer):
@@ -35,10 +37,12 @@ def prompts_for(tokenizer):
     return [chat, REPEAT, "The capital of France is", REPEAT[:40]]
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "SmolLM2-135M-Instruct"])
-def test_greedy_is_token_identical_to_no_speculation(name):
+@pytest.mark.parametrize("name, method", [("tiny-llama", SPEC), ("tiny-qwen3", SPEC), ("SmolLM2-135M-Instruct", SPEC),
+                                          ("tiny-llama", SELF_DRAFT), ("SmolLM2-135M-Instruct", {
+                                              **SELF_DRAFT, "num_draft_layers": 26})])
+def test_greedy_is_token_identical_to_no_speculation(name, method):
     model, tokenizer, _ = get_model(name)
-    base, spec = engines(model, tokenizer, num_kv_blocks=256, block_size=8)
+    base, spec = engines(model, tokenizer, method, num_kv_blocks=256, block_size=8)
     greedy = [SamplingParams(max_tokens=40, temperature=0), SamplingParams(max_tokens=33, temperature=0),
               SamplingParams(max_tokens=40, temperature=0, stop=["seven"]), SamplingParams(
                   max_tokens=21, temperature=0, n=2, ignore_eos=True)]
@@ -53,10 +57,11 @@ def test_greedy_is_token_identical_to_no_speculation(name):
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
-def test_greedy_is_identical_through_preemption(mode):
+@pytest.mark.parametrize("method", [SPEC, {**SELF_DRAFT, "num_draft_layers": 26}], ids=["ngram", "self_draft"])
+def test_greedy_is_identical_through_preemption(mode, method):
     model, tokenizer, _ = get_model("SmolLM2-135M-Instruct")        # it repeats what it read: drafts land
     options = dict(num_kv_blocks=20, block_size=4, preemption_mode=mode, max_num_batched_tokens=64)
-    base, spec = engines(model, tokenizer, **options)
+    base, spec = engines(model, tokenizer, method, **options)
     prompts = [REPEAT[:60], REPEAT[10:70], REPEAT[20:90]]
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
     want = [o.outputs[0].token_ids for o in base.generate(prompts, params)]
@@ -116,7 +121,8 @@ def test_greedy_verification_accepts_exactly_the_argmax_run():
 
 def test_bad_speculative_config_is_refused_before_loading():
     model, tokenizer, _ = get_model("tiny-llama")
-    for bad in ({"method": "eagle"}, {"num_speculative_tokens": 0}, {"numspec": 3}, "ngram"):
+    for bad in ({"method": "eagle"}, {"num_speculative_tokens": 0}, {"numspec": 3}, "ngram",
+                {"method": "self_draft", "num_draft_layers": 2}):
         with pytest.raises((ValueError, TypeError), match="speculative_config|SpeculativeConfig"):
             LLMEngine(model, tokenizer, speculative_config=bad)
 

@@ -30,6 +30,7 @@ CODE = ("def total_price(items, tax_rate):\n    total = 0\n    for item in items
 GROUNDED = [f"Copy this passage exactly:\n\n{PASSAGE}", f"Rewrite this function with the variable `total` "
             f"renamed to `subtotal`, changing nothing else:\n\n{CODE}",
             f"Repeat the text below, word for word:\n\n{PASSAGE}"]
+PROPOSERS = ("ngram", "self_draft")     # self_draft: the first half of the model's layers
 OPEN_ENDED = ["Write a short story about a dragon who learns to bake.", "Explain why the sky is blue.",
               "Give me three ideas for a weekend trip."]
 
@@ -70,35 +71,40 @@ def main(args) -> dict:
     model, tokenizer = load_model(args.model, device="cpu")
     max_tokens = 32 if args.quick else args.max_tokens
     k = args.num_speculative_tokens
-    spec = {"method": "ngram", "num_speculative_tokens": k, "max_batch_size": 64}
     options = {"num_kv_blocks": 1024, **engine_options(args)}
     options.pop("speculative_config", None)             # this bench sets it
-    plain, ngram = LLMEngine(model, tokenizer, **options), LLMEngine(model, tokenizer, speculative_config=spec,
-                                                                     **options)
+    plain = LLMEngine(model, tokenizer, **options)
+    proposers = {method: LLMEngine(model, tokenizer, **options, speculative_config={
+        "method": method, "num_speculative_tokens": k, "max_batch_size": 64}) for method in PROPOSERS}
     twin = transformers_twin(model)
     eos = min(tokenizer.eos_token_ids)
-    report = {"tok_s": {}, "speedup": {"ngram": {}}, "acceptance": {}, "transformers": {}, "batched": {}}
+    report = {"tok_s": {}, "speedup": {m: {} for m in PROPOSERS}, "acceptance": {m: {} for m in PROPOSERS},
+              "transformers": {}, "batched": {}}
     print(f"batch 1, greedy, {max_tokens} tokens, k={k}, {torch.get_num_threads()} threads")
     for workload, questions in (("input_grounded", GROUNDED), ("open_ended", OPEN_ENDED)):
         prompts = chat_prompts(tokenizer, questions[:2] if args.quick else questions)
         base, want = decode_rate(plain, prompts, max_tokens)
-        before = dict(ngram.speculator.stats())
-        fast, got = decode_rate(ngram, prompts, max_tokens)
-        after = ngram.speculator.stats()
-        if got != want:
-            raise AssertionError(f"{workload}: speculation changed the greedy tokens")
-        proposed = after["spec_proposed_tokens"] - before["spec_proposed_tokens"]
-        accepted = after["spec_accepted_tokens"] - before["spec_accepted_tokens"]
+        report["tok_s"][workload] = {"minillm": base}
+        for method, engine in proposers.items():
+            before = dict(engine.speculator.stats())
+            fast, got = decode_rate(engine, prompts, max_tokens)
+            after = engine.speculator.stats()
+            if got != want:
+                raise AssertionError(f"{workload}: speculation ({method}) changed the greedy tokens")
+            proposed = after["spec_proposed_tokens"] - before["spec_proposed_tokens"]
+            accepted = after["spec_accepted_tokens"] - before["spec_accepted_tokens"]
+            report["tok_s"][workload][f"minillm_{method}"] = fast
+            report["speedup"][method][workload] = fast / base
+            report["acceptance"][method][workload] = accepted / proposed if proposed else 0.0
+            print(f"{workload:<15} minillm {base:6.1f} -> {method:<10} {fast:6.1f} tok/s ({fast / base:.2f}x, "
+                  f"acceptance {report['acceptance'][method][workload]:.0%})")
         hf_base, _ = transformers_rate(twin, prompts, max_tokens, None, eos)
         hf_fast, _ = transformers_rate(twin, prompts, max_tokens, k, eos)
-        report["tok_s"][workload] = {"minillm": base, "minillm_ngram": fast}
-        report["speedup"]["ngram"][workload] = fast / base
-        report["acceptance"][workload] = accepted / proposed if proposed else 0.0
         report["transformers"][workload] = {"tok_s": hf_base, "prompt_lookup_tok_s": hf_fast,
                                             "speedup": hf_fast / hf_base}
-        print(f"{workload:<15} minillm {base:6.1f} -> ngram {fast:6.1f} tok/s ({fast / base:.2f}x, acceptance "
-              f"{report['acceptance'][workload]:.0%}) | transformers {hf_base:6.1f} -> prompt lookup "
-              f"{hf_fast:6.1f} tok/s ({hf_fast / hf_base:.2f}x)")
+        print(f"{workload:<15} transformers {hf_base:6.1f} -> prompt lookup {hf_fast:6.1f} tok/s "
+              f"({hf_fast / hf_base:.2f}x)")
+    ngram = proposers["ngram"]
     prompts = chat_prompts(tokenizer, GROUNDED)
     for batch in ([8] if args.quick else [8, 32]):
         base, _ = decode_rate(plain, prompts, max_tokens, batch)

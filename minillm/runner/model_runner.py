@@ -21,6 +21,7 @@ from ..attention import make_backend
 from ..attention.paged import PagedStep, slot_mapping
 from ..kv.paged_cache import PagedKVCache
 from ..sample.logprobs import PromptLogprobs, score_prompt_tokens
+from ..spec.self_draft import draft_in_place
 from .compiled_decode import CompiledDecodeStep
 from .cuda_graphs import CUDAGraphDecode, capture_safe
 from .engine_model import model_for_engine
@@ -45,6 +46,7 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.slot_mapping_fn = slot_mapping_fn
         self.static_step, self.run_decode = None, None       # the fast decode road, when on
+        self.num_draft_layers = self_draft_layers(model, config)     # speculation by the model's first layers
         if config is not None:
             self.static_step, self.run_decode = make_fast_decode(model, kv_cache, config, max_model_len)
 
@@ -72,6 +74,9 @@ class ModelRunner:
             seqs = [s for s, _ in scheduled]
             if self.static_step.fits(seqs):
                 return ForwardOutput(seqs, self.run_decode(seqs), [], {})
+        if self.num_draft_layers and any(s.spec_token_ids for s, _ in scheduled):
+            draft_in_place(self.model, self.kv_cache, [s for s, _ in scheduled if s.spec_token_ids],
+                           self.num_draft_layers, self.slot_mapping_fn)
         device = self.kv_cache.device
         input_ids, rows, samplers, scored, drafted = [], [], [], [], []
         for seq, n in scheduled:
@@ -109,6 +114,18 @@ class ModelRunner:
         scores = score_prompt_tokens(self.model.compute_logits, hidden[offset:offset + count], targets,
                                      seq.params.prompt_logprobs)
         return PromptLogprobs(seq.seq_id, start + 1, targets, *scores)
+
+
+def self_draft_layers(model, config) -> int | None:
+    """How many of the model's layers draft (speculative_config method "self_draft"), else None."""
+    spec = getattr(config, "speculative_config", None)
+    if spec is None or spec.method != "self_draft":
+        return None
+    total = len(model.model.layers)
+    layers = spec.num_draft_layers or max(1, total // 2)
+    if layers >= total:
+        raise ValueError(f"speculative_config.num_draft_layers={layers} must be fewer than the model's {total} layers")
+    return layers
 
 
 def is_pure_decode(scheduled) -> bool:

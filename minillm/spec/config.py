@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ..utils.validate import Validated, check_choice, check_int, fail
 
-METHODS = ("ngram",)
+METHODS = ("ngram", "self_draft")
 # Above this many running sequences a step is compute-bound enough that verifying drafts costs
 # more than it saves (vLLM and SGLang switch speculation off under load for the same reason).
 DEFAULT_MAX_BATCH_SIZE = 4
@@ -19,6 +19,7 @@ class SpeculativeConfig(Validated):
     prompt_lookup_min: int = 1                # the shortest n-gram looked up
     prompt_lookup_max: int = 4                # the longest (tried first)
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE   # no speculation above this many running sequences
+    num_draft_layers: int | None = None       # self_draft: the first layers that draft (default: half)
 
     def validate(self) -> None:
         name = "SpeculativeConfig"
@@ -27,6 +28,7 @@ class SpeculativeConfig(Validated):
         check_int(name, "prompt_lookup_min", self.prompt_lookup_min, minimum=1, maximum=64)
         check_int(name, "prompt_lookup_max", self.prompt_lookup_max, minimum=self.prompt_lookup_min, maximum=64)
         check_int(name, "max_batch_size", self.max_batch_size, minimum=1)
+        check_int(name, "num_draft_layers", self.num_draft_layers, minimum=1, optional=True)
 
     @classmethod
     def coerce(cls, value) -> "SpeculativeConfig | None":

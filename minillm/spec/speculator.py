@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from ..sample.logits_processors import wants_processing
 from .config import SpeculativeConfig
-from .ngram import propose_ngram
+from .ngram import propose_ngram     # (self_draft drafts in the runner: self_draft.py)
 from .rejection import verify
 from ..structured.matchers import apply_masks
 
@@ -46,9 +46,13 @@ class Speculator:
                 continue
             room = min(c.num_speculative_tokens, seq.params.max_tokens - len(seq.output_token_ids) - 1,
                        self.max_model_len - len(seq) - 1)
-            if room > 0:
-                seq.spec_token_ids = propose_ngram(seq.token_ids, room, c.prompt_lookup_min, c.prompt_lookup_max)
             grammar = grammar_of(seq)
+            if room <= 0:
+                continue
+            if c.method == "self_draft":          # placeholders: the runner drafts them (self_draft.py)
+                seq.spec_token_ids = [0] * room if grammar is None else []
+                continue
+            seq.spec_token_ids = propose_ngram(seq.token_ids, room, c.prompt_lookup_min, c.prompt_lookup_max)
             if grammar is not None and seq.spec_token_ids:      # only drafts the grammar allows
                 fit = grammar.matcher.try_consume_tokens(seq.spec_token_ids)
                 grammar.matcher.rollback(fit)
