@@ -77,6 +77,15 @@ EXERCISES = [
     ("09_quantization", "dequantize_int8", "minillm.quant.reference", "dequantize_int8"),
     ("09_quantization", "quantize_int4", "minillm.quant.reference", "quantize_int4"),
     ("09_quantization", "dequantize_int4", "minillm.quant.reference", "dequantize_int4"),
+    ("12_structured_outputs", "apply_masks", "minillm.structured.matchers", "apply_masks"),
+    ("12_structured_outputs", "MyStructuredOutputs.mask_logits", "minillm.structured.matchers",
+     "StructuredOutputs.mask_logits"),
+    ("12_structured_outputs", "MyStructuredOutputs.advance", "minillm.structured.matchers", "StructuredOutputs.advance"),
+    ("12_structured_outputs", "MyChoiceConstraint.__init__", "minillm.structured.choice_trie",
+     "ChoiceConstraint.__init__"),
+    ("12_structured_outputs", "MyChoiceConstraint.allowed", "minillm.structured.choice_trie", "ChoiceConstraint.allowed"),
+    ("12_structured_outputs", "MyChoiceConstraint.is_complete", "minillm.structured.choice_trie",
+     "ChoiceConstraint.is_complete"),
 ]
 
 FUNCTION = (ast.FunctionDef, ast.AsyncFunctionDef)
