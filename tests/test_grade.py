@@ -24,7 +24,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from minillm.course.build import exercise_of, make_lesson, read
+from minillm.course.build import exercise_of, make_lesson, read, strip_markers
 from minillm.course.grade import Record, table
 
 REPO = Path(__file__).resolve().parents[1]
@@ -376,7 +376,17 @@ def kernel_calling_the_package_kernel() -> str:
             + source[:source.index('"""')] + f"paged_decode_kernel({', '.join(names)})\n")
 
 
-# case -> (lesson, exercise cell, its source, None when it passes, else words its message holds)
+def lesson12_class() -> str:
+    """Lesson 12's exercise 1 as solved, from the class on: its mask_logits then calls whatever
+    `apply_masks` the cell defines or imports (PART_ANSWERS guards the package's)."""
+    source = next(c.source for c in read(REPO / "solutions" / VERDICT_LESSONS["12"]).cells if c.get("id") == "t12-09")
+    return strip_markers(source[source.index("class MyStructuredOutputs"):])
+
+
+VERDICT_LESSONS = {**LESSONS, "12": "12_structured_outputs.ipynb"}
+VERDICT_EXERCISES = {**EXERCISES, "12": ["structured_outputs", "choice_constraint"]}
+
+# case -> (lesson, exercise cell, its source (None: the solution's), None when it passes, else words its message holds)
 VERDICT_CELLS = {
     "patched_at_run_time": ("00", "c19", "import importlib\n"
                             "grading = importlib.import_module('minillm' + '.che' + 'cks')\n"
@@ -397,6 +407,9 @@ VERDICT_CELLS = {
                                           "torch.zeros(1, 2)))\nmodel.forward  # a variable of another cell: ignored here\n",
                None),
     "exits": ("00", "c19", "import sys\nsys.exit(0)\n" + HONEST_ROPE, None),
+    "calls_part_of_the_answer": ("12", "t12-09", "from minillm.structured.matchers import apply_masks\n\n\n"
+                                 + lesson12_class(), ["calls the package's answer minillm.structured.matchers.apply_masks"]),
+    "writes_its_own_part": ("12", "t12-09", None, None),
 }
 
 
@@ -407,16 +420,21 @@ def test_verdict_process_alone(case):
     is not the student's; a function that calls the package's answer (found by a name built at
     run time, so only the run-time rule sees it) or a Triton kernel that does (compiled on a GPU,
     so the static rule reads it) gets nothing; an honest cell passes though a line of it needs
-    another cell's variable; an exit in the cell ends nothing of the grader's."""
+    another cell's variable; an exit in the cell ends nothing of the grader's; lesson 12's class
+    whose mask_logits calls the package's apply_masks (a part of the answer, harness.PART_ANSWERS)
+    gets nothing, while the solution, which writes its own apply_masks, passes."""
     from minillm.course.isolate import finish_verdicts, plan, start_verdicts, student_cells
     lesson_number, cell_id, source, words = VERDICT_CELLS[case]
-    lesson = make_lesson(read(REPO / "solutions" / LESSONS[lesson_number]), "solutions/" + LESSONS[lesson_number])
+    name = VERDICT_LESSONS[lesson_number]
+    lesson = make_lesson(read(REPO / "solutions" / name), "solutions/" + name)
     the_plan = plan(lesson)
     code = [c for c in lesson.cells if c.cell_type == "code"]
+    if source is None:
+        source = strip_markers(next(c.source for c in read(REPO / "solutions" / name).cells if c.get("id") == cell_id))
     exercise_cell(lesson, cell_id, source)
     verdicts, why = finish_verdicts(*start_verdicts(the_plan, student_cells(the_plan, code), None), 120)
     assert why is None, why
-    passed, message = verdicts[EXERCISES[lesson_number][0]]
+    passed, message = verdicts[VERDICT_EXERCISES[lesson_number][0]]
     if words is None:
         assert passed, message
     else:
