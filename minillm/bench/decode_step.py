@@ -20,6 +20,7 @@ import time
 import torch
 
 from ..cli.engine_args import add_engine_arguments, engine_config_from_args
+from ..sampling_params import SamplingParams
 from ..utils import cdiv
 
 
@@ -29,6 +30,8 @@ class FakeSequence:
     def __init__(self, token_ids: list[int], block_table: list[int]):
         self.token_ids, self.block_table = token_ids, block_table
         self.num_computed_tokens = len(token_ids) - 1
+        self.prompt_token_ids = self.input_token_ids = token_ids
+        self.params, self.spec_token_ids = SamplingParams(), []     # no prompt logprobs, no drafts
 
     def __len__(self) -> int:
         return len(self.token_ids)

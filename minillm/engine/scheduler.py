@@ -92,6 +92,8 @@ class ContinuousBatchingScheduler:
         for seq, n in out.scheduled:          # drafts past the step's budget are not fed (speculation)
             if seq.spec_token_ids and n < seq.num_uncomputed_tokens:
                 del seq.spec_token_ids[max(0, n - (len(seq) - seq.num_computed_tokens)):]
+        for seq in out.preempted:             # its drafts are proposed afresh once it runs again
+            seq.spec_token_ids = []
         out.block_ops = self.bm.take_ops()
         return out
 
@@ -255,7 +257,6 @@ class Scheduler(ContinuousBatchingScheduler):
         self.running.remove(seq)
         self.num_preemptions += 1
         out.preempted.append(seq)
-        seq.spec_token_ids = []                # drafts are proposed afresh once it runs again
         if self.preemption_mode == "swap" and self.bm.can_swap_out(seq):
             self.bm.swap_out(seq)
             seq.status = Status.SWAPPED

@@ -10,7 +10,8 @@ A `choice` list becomes an alternation of literal strings; `json_object` the sch
 {"type": "object"}; a Lark `grammar` passes through as llguidance reads it. JSON is
 generated without free whitespace (`whitespace_flexible: false`: ", " and ": " between items,
 as json.dumps writes them): a model can otherwise pad an answer with newlines until
-max_tokens, which a random test model does at once (a schema's own "x-guidance" wins).
+max_tokens, which a random test model does at once (a schema's own "x-guidance" wins). The
+spaces matter: lesson 12 measured SmolLM2 right on 8 of 8 answers with them, 2 of 8 without.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from ..utils.validate import refuse
 from .params import StructuredOutputsParams
 
 CACHE_SIZE = 256          # distinct specs kept compiled
-COMPACT = {"whitespace_flexible": False}
+COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 def grammar_text(spec: StructuredOutputsParams) -> str:
