@@ -21,6 +21,7 @@ from ..attention import make_backend
 from ..attention.paged import PagedStep, slot_mapping
 from ..kv.paged_cache import PagedKVCache
 from ..sample.logprobs import PromptLogprobs, score_prompt_tokens
+from ..spec.draft_model import load_draft_model
 from ..spec.self_draft import draft_in_place
 from .compiled_decode import CompiledDecodeStep
 from .cuda_graphs import CUDAGraphDecode, capture_safe
@@ -37,7 +38,7 @@ class ForwardOutput(NamedTuple):
 
 class ModelRunner:
     def __init__(self, model, kv_cache: PagedKVCache, config=None, max_model_len: int | None = None,
-                 slot_mapping_fn=slot_mapping):
+                 slot_mapping_fn=slot_mapping, draft_model=None):
         """Run `model` over `kv_cache` as given. `config` (an EngineConfig) and the engine's resolved
         `max_model_len` turn on the static decode step when `compile` is set, or on CUDA unless
         `enforce_eager` is. `slot_mapping_fn(block_table, positions, block_size)`: where each token's
@@ -47,6 +48,7 @@ class ModelRunner:
         self.slot_mapping_fn = slot_mapping_fn
         self.static_step, self.run_decode = None, None       # the fast decode road, when on
         self.num_draft_layers = self_draft_layers(model, config)     # speculation by the model's first layers
+        self.draft_model = draft_model                               # or by a smaller model (spec/draft_model.py)
         if config is not None:
             self.static_step, self.run_decode = make_fast_decode(model, kv_cache, config, max_model_len)
 
@@ -59,17 +61,24 @@ class ModelRunner:
         kv_cache = PagedKVCache.for_model(model, resolved.num_kv_blocks, config.block_size, backend)
         if resolved.num_swap_blocks:
             kv_cache.enable_swap(resolved.num_swap_blocks)
-        return cls(model, kv_cache, config, resolved.max_model_len, slot_mapping_fn)
+        spec = getattr(config, "speculative_config", None)
+        draft = (load_draft_model(spec, resolved, model, backend, config.block_size)
+                 if spec is not None and spec.method == "draft_model" else None)
+        return cls(model, kv_cache, config, resolved.max_model_len, slot_mapping_fn, draft)
 
     def apply_block_ops(self, ops) -> None:
         """The block moves a step's plan carries (swap out, copy-on-write, swap in), before its forward."""
         self.kv_cache.apply(ops)
+        if self.draft_model is not None:
+            self.draft_model.apply_block_ops(ops)
 
     @torch.inference_mode()
     def execute(self, scheduled: list[tuple[object, int]]) -> "ForwardOutput":
         """scheduled: [(sequence, num_new_tokens)]. Returns the sequences that sample, their logits
         [S, V], the prompt logprobs this step computed and, for sequences that fed drafts,
         {seq_id: (sequence, logits [drafts + 1, V])} to verify them with."""
+        if self.draft_model is not None:           # its pool follows every step; drafts for the drafting ones
+            self.draft_model.follow_and_draft(scheduled, self.slot_mapping_fn)
         if self.run_decode is not None and is_pure_decode(scheduled):
             seqs = [s for s, _ in scheduled]
             if self.static_step.fits(seqs):

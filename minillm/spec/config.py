@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ..utils.validate import Validated, check_choice, check_int, fail
 
-METHODS = ("ngram", "self_draft")
+METHODS = ("ngram", "self_draft", "draft_model")
 # Above this many running sequences a step is compute-bound enough that verifying drafts costs
 # more than it saves (vLLM and SGLang switch speculation off under load for the same reason).
 # Measured (`bench spec`, SmolLM2, 2-core EPYC, n-gram, input-grounded): 2.74x at batch 1,
@@ -22,6 +22,7 @@ class SpeculativeConfig(Validated):
     prompt_lookup_max: int = 4                # the longest (tried first)
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE   # no speculation above this many running sequences
     num_draft_layers: int | None = None       # self_draft: the first layers that draft (default: half)
+    model: str | None = None                  # draft_model: a smaller checkpoint with the same tokenizer
 
     def validate(self) -> None:
         name = "SpeculativeConfig"
@@ -31,6 +32,8 @@ class SpeculativeConfig(Validated):
         check_int(name, "prompt_lookup_max", self.prompt_lookup_max, minimum=self.prompt_lookup_min, maximum=64)
         check_int(name, "max_batch_size", self.max_batch_size, minimum=1)
         check_int(name, "num_draft_layers", self.num_draft_layers, minimum=1, optional=True)
+        if (self.method == "draft_model") != isinstance(self.model, str):
+            fail(name, "model", "a model name, folder or hub id with method 'draft_model' (and only then)", self.model)
 
     @classmethod
     def coerce(cls, value) -> "SpeculativeConfig | None":

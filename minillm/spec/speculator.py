@@ -16,6 +16,9 @@ stands after the drafts before it (the matcher consumes the drafts, then rolls b
 kept tokens advance it for good). Speculation is skipped for a sequence whose logits are
 processed per token (penalties, logit_bias, min_p, min_tokens), and for the whole step above
 `max_batch_size` running sequences.
+
+The proposer and the rejection sampler are two methods, `draft_tokens` and `kept_tokens`: the
+seam where lesson 11 plugs the learner's pieces in (`LLMEngine(..., speculator_cls=...)`).
 """
 from __future__ import annotations
 
@@ -49,10 +52,10 @@ class Speculator:
             grammar = grammar_of(seq)
             if room <= 0:
                 continue
-            if c.method == "self_draft":          # placeholders: the runner drafts them (self_draft.py)
+            if c.method != "ngram":               # placeholders: the runner drafts them (self_draft.py, draft_model.py)
                 seq.spec_token_ids = [0] * room if grammar is None else []
                 continue
-            seq.spec_token_ids = propose_ngram(seq.token_ids, room, c.prompt_lookup_min, c.prompt_lookup_max)
+            seq.spec_token_ids = self.draft_tokens(seq.token_ids, room)
             if grammar is not None and seq.spec_token_ids:      # only drafts the grammar allows
                 fit = grammar.matcher.try_consume_tokens(seq.spec_token_ids)
                 grammar.matcher.rollback(fit)
@@ -64,7 +67,7 @@ class Speculator:
         The request's metrics count the drafts proposed and accepted."""
         drafts, seq.spec_token_ids = seq.spec_token_ids, []
         scored = logits if grammar is None else masked_by_grammar(logits, drafts, grammar)
-        tokens = verify(scored, drafts, seq.params, generator)     # (logprobs stay the model's own: logits)
+        tokens = self.kept_tokens(scored, drafts, seq.params, generator)   # (logprobs stay the model's own: logits)
         self.num_verifications += 1
         self.num_proposed += len(drafts)
         self.num_accepted += len(tokens) - 1
@@ -74,6 +77,17 @@ class Speculator:
                 break
             if i < len(tokens) - 1:             # an accepted draft: its K/V were written by this step
                 mark_computed(seq, 1)
+
+    # The two pieces lesson 11 has the learner write, as methods: a subclass passed to
+    # LLMEngine(speculator_cls=...) runs its own proposer and rejection sampler in the engine.
+    def draft_tokens(self, tokens: list[int], k: int) -> list[int]:
+        """Up to k drafts to follow `tokens`: the n-gram proposal (ngram.py)."""
+        c = self.config
+        return propose_ngram(tokens, k, c.prompt_lookup_min, c.prompt_lookup_max)
+
+    def kept_tokens(self, logits, drafts: list[int], params, generator) -> list[int]:
+        """The tokens to emit, from the model's rows for the last token and each draft (rejection.py)."""
+        return verify(logits, drafts, params, generator)
 
     def stats(self) -> dict:
         n = self.num_verifications
