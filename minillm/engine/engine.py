@@ -41,7 +41,7 @@ class LLMEngine:
     def __init__(self, model, tokenizer, config: EngineConfig | None = None, *,
                  allocator_cls=BlockAllocator, prefix_cache_cls=PrefixCache, scheduler_cls=Scheduler,
                  block_manager_cls=BlockManager, slot_mapping_fn=slot_mapping,
-                 structured_outputs_cls=StructuredOutputs, **options):
+                 structured_outputs_cls=StructuredOutputs, speculator_cls=Speculator, **options):
         """Pass an EngineConfig or its fields as keyword options, not both. The *_cls and *_fn
         arguments are the seams where a lesson plugs in the learner's piece. The engine runs
         its own copy of the model's module tree (runner/engine_model.py says what that costs)."""
@@ -67,7 +67,7 @@ class LLMEngine:
         self._seq_ids = itertools.count()
         self._last_plan = SchedulerOutput()
         spec = config.speculative_config
-        self.speculator = Speculator(spec, resolved.max_model_len) if spec is not None else None
+        self.speculator = speculator_cls(spec, resolved.max_model_len) if spec is not None else None
 
     # what the lessons and the server read
     model = property(lambda self: self.runner.model, doc="the model this engine runs (its own tree)")
