@@ -14,9 +14,15 @@ folder, one server at a time, never both at once on a small machine.
 
     python -m minillm bench serve [--request-rate 1 4 inf] [--num-prompts 32] [--url URL]
                                   [--against transformers] [--structured json] [--json FILE] [--quick] [engine flags]
+                                  [--workload shared-prefix] [--data-parallel-size N] [--router-policy P]
 
 With `--structured json` each server also runs the workload with a JSON schema per request
 (structured.py): the rows "minillm+json" and the ratios say what the grammar masks cost.
+
+`--workload shared-prefix` (shared_prefix.py): long system prompts shared by many users; with
+`--data-parallel-size N` it compares one engine with N replicas under each router policy: the
+prefix-cache hit rate and TTFT. With the random workload, `--data-parallel-size N` (and
+`--router-policy`) just go to the `minillm serve` it starts.
 
 The engine flags (cli/engine_args.py) go to the `minillm serve` this bench starts.
 """
@@ -25,93 +31,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import tempfile
-import time
-
-import httpx
 
 from ..cli.engine_args import add_engine_arguments, engine_argv
+from .load import one_request, percentile, poisson_arrivals, run_load, served_model, summarize  # noqa: F401 (07)
 from .server_process import ServerProcess, free_port, minillm_command, transformers_command
 from .throughput import make_workload
-
-
-def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
-    """Send times (s from the start) of n requests at `rate` per second; inf: all at once."""
-    if rate == float("inf"):
-        return [0.0] * n
-    rng, t, times = random.Random(seed), 0.0, []
-    for _ in range(n):
-        times.append(t)
-        t += rng.expovariate(rate)
-    return times
-
-
-async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int,
-                      send_at: float, start: float, gate: asyncio.Semaphore, extra: dict | None = None) -> dict:
-    await asyncio.sleep(max(0.0, start + send_at - time.perf_counter()))
-    async with gate:
-        sent = time.perf_counter()
-        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                "stream": True, "stream_options": {"include_usage": True}, **(extra or {})}
-        chunks, usage, error = [], None, None
-        try:
-            async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
-                if response.status_code != 200:
-                    error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
-                else:
-                    async for line in response.aiter_lines():
-                        if not line.startswith("data: ") or line == "data: [DONE]":
-                            continue
-                        data = json.loads(line[6:])
-                        if data.get("usage"):
-                            usage = data["usage"]
-                        if any(c.get("text") for c in data.get("choices", [])):
-                            chunks.append(time.perf_counter())
-        except httpx.HTTPError as e:
-            error = repr(e)
-    tokens = (usage or {}).get("completion_tokens") or len(chunks)
-    return {"sent": sent, "chunks": chunks, "tokens": tokens, "error": error or (None if chunks else "no output")}
-
-
-async def run_load(url: str, model: str, prompts: list[tuple[str, int]], rate: float, max_concurrency: int,
-                   seed: int, structured: bool = False) -> tuple[list[dict], float]:
-    from .structured import response_format
-    gate = asyncio.Semaphore(max_concurrency)
-    times = poisson_arrivals(len(prompts), rate, seed)
-    limits = httpx.Limits(max_connections=max_concurrency + 4)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
-        start = time.perf_counter()
-        results = await asyncio.gather(*[one_request(client, url, model, p, n, t, start, gate,
-                                                     response_format(i) if structured else None)
-                                         for i, ((p, n), t) in enumerate(zip(prompts, times))])
-    return results, time.perf_counter() - start
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
-
-
-def summarize(results: list[dict], elapsed: float, slo_ttft: float, slo_tpot: float) -> dict:
-    ok = [r for r in results if r["error"] is None]
-    ttft = [r["chunks"][0] - r["sent"] for r in ok]
-    tpot = [(r["chunks"][-1] - r["chunks"][0]) / (r["tokens"] - 1) for r in ok if r["tokens"] > 1]
-    itl = [b - a for r in ok for a, b in zip(r["chunks"], r["chunks"][1:])]
-    good = [r for r in ok if r["chunks"][0] - r["sent"] <= slo_ttft and
-            (r["tokens"] <= 1 or (r["chunks"][-1] - r["chunks"][0]) / (r["tokens"] - 1) <= slo_tpot)]
-    out = {"completed": len(ok), "failed": len(results) - len(ok), "seconds": elapsed,
-           "request_throughput": len(ok) / elapsed, "output_throughput": sum(r["tokens"] for r in ok) / elapsed,
-           "goodput": len(good) / elapsed}
-    for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl)):
-        for q in (50, 90, 99):
-            out[f"{name}_p{q}"] = percentile(values, q)
-    errors = [r["error"] for r in results if r["error"]]
-    if errors:
-        out["first_error"] = errors[0]
-    return out
 
 
 def text_prompts(tokenizer, workload) -> list[tuple[str, int]]:
@@ -134,7 +59,17 @@ def main(args) -> dict:
     from ..models import load_tokenizer
     from ..models.embedded import embedded_checkpoint_dir
 
+    if args.data_parallel_size < 1:
+        raise ValueError("--data-parallel-size must be >= 1")
+    if args.workload == "shared-prefix":
+        from .shared_prefix import main as shared_prefix
+        args.request_rate = args.request_rate or [1.0, 4.0]
+        return shared_prefix(args)
+    args.request_rate = args.request_rate or [1.0, 4.0, float("inf")]
     flags = engine_argv(args)
+    if args.data_parallel_size > 1:
+        flags += ["--data-parallel-size", str(args.data_parallel_size)] + (
+            ["--router-policy", args.router_policy] if args.router_policy else [])
     if args.structured and not args.url and "--no-enable-prefix-caching" not in flags:
         # the two runs send the same prompts: with prefix caching the second would skip most prefill
         flags.append("--no-enable-prefix-caching")
@@ -166,7 +101,7 @@ def main(args) -> dict:
             server = None
         with (server or _Nothing()) as live:
             base = live.url if server else url
-            model = _served_model(base)
+            model = served_model(base)
             for rate in args.request_rate:
                 for structured in ([False, True] if args.structured else [False]):
                     results, elapsed = asyncio.run(run_load(base, model, prompts, rate, args.max_concurrency,
@@ -225,11 +160,6 @@ class _Nothing:
         return False
 
 
-def _served_model(url: str) -> str:
-    models = httpx.get(f"{url}/v1/models", timeout=30).json()["data"]
-    return models[0]["id"] if models else "default"
-
-
 def add_arguments(p) -> None:
     p.add_argument("--model", default=None, help="minillm's model (default: the embedded SmolLM2)")
     p.add_argument("--model-folder", default=None, help="checkpoint folder for transformers serve")
@@ -237,7 +167,9 @@ def add_arguments(p) -> None:
     p.add_argument("--against", choices=["transformers"], default=None)
     p.add_argument("--structured", choices=["json"], default=None,
                    help="also run the workload with a JSON schema per request (the grammar masks' cost)")
-    p.add_argument("--request-rate", type=float, nargs="+", default=[1.0, 4.0, float("inf")])
+    p.add_argument("--request-rate", type=float, nargs="+", default=None,
+                   help="requests/s, inf: all at once (default: 1 4 inf; shared-prefix: 1 4, since a burst's "
+                        "requests prefill together and none can reuse another's blocks)")
     p.add_argument("--max-concurrency", type=int, default=64)
     p.add_argument("--num-prompts", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
@@ -246,4 +178,9 @@ def add_arguments(p) -> None:
     p.add_argument("--slo-tpot", type=float, default=0.5, help="seconds per output token")
     p.add_argument("--json", default=None)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--workload", choices=["random", "shared-prefix"], default="random",
+                   help="random prompts (throughput.py's), or system prompts shared by many users (shared_prefix.py)")
+    p.add_argument("--data-parallel-size", type=int, default=1, help="replicas behind a routing front")
+    p.add_argument("--router-policy", choices=["cache-aware", "round-robin"], default=None,
+                   help="with --data-parallel-size > 1 (shared-prefix: default both, one run each)")
     add_engine_arguments(p)

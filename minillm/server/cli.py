@@ -2,8 +2,9 @@
 
 Engine flags come from EngineConfig's fields with vLLM's spelling (--max-num-seqs,
 --enable-prefix-caching, ...: cli/engine_args.py); a flag left out keeps EngineConfig's default.
-Binds 127.0.0.1 unless told otherwise: a server that anyone on the network can use should be
-a decision, not a default.
+With --data-parallel-size N > 1, N such servers run as replicas behind a routing front
+(data_parallel/). Binds 127.0.0.1 unless told otherwise: a server that anyone on the network
+can use should be a decision, not a default.
 """
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ import os
 import sys
 
 from ..cli.engine_args import add_engine_arguments, engine_config_from_args, engine_options
+from .data_parallel.choice import DEFAULT_LOAD_BOUND
+from .data_parallel.lifeline import exit_with_parent
+from .data_parallel.router import POLICIES
 from .guards import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES
 from .run import Timeouts
 
@@ -37,10 +41,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds a client has to send a request's body")
     p.add_argument("--timeout-keep-alive", type=float, default=Timeouts.keep_alive,
                    help="an idle keep-alive connection is closed after this many seconds")
+    p.add_argument("--data-parallel-size", type=int, default=1,
+                   help="replicas, each its own process and KV pool, behind one routing front (default: 1, "
+                        "no front)")
+    p.add_argument("--router-policy", choices=POLICIES, default=None,
+                   help="how the front picks a replica: cache-aware (the longest cached prompt prefix, within "
+                        "a load bound; the default) or round-robin")
+    p.add_argument("--router-load-bound", type=int, default=DEFAULT_LOAD_BOUND,
+                   help="cache-aware: requests in flight the best match may be ahead of the least loaded replica")
+    p.add_argument("--exit-with-parent", action="store_true", help=argparse.SUPPRESS)   # a replica's lifeline
     add_engine_arguments(p)
 
 
 def main(args) -> int:
+    if args.data_parallel_size < 1 or args.router_load_bound < 0:
+        raise ValueError("--data-parallel-size must be >= 1 and --router-load-bound >= 0")
+    if args.router_policy is not None and args.data_parallel_size == 1:
+        raise ValueError("--router-policy routes between replicas: it needs --data-parallel-size 2 or more")
+    if args.exit_with_parent:
+        exit_with_parent()
+    if args.max_request_body_bytes < 1 or (args.max_waiting_requests is not None and args.max_waiting_requests < 0):
+        raise ValueError("--max-request-body-bytes must be >= 1 and --max-waiting-requests >= 0")
+    timeouts = Timeouts(args.shutdown_timeout, args.header_timeout, args.timeout_keep_alive)
+    if min(timeouts.shutdown, timeouts.header, timeouts.keep_alive, args.body_timeout) <= 0:
+        raise ValueError("--shutdown-timeout, --header-timeout, --body-timeout and --timeout-keep-alive must be > 0")
+    if args.data_parallel_size > 1:
+        from .data_parallel.main import main as serve_data_parallel
+        return serve_data_parallel(args)
     import torch
 
     from ..engine.engine import LLMEngine
@@ -49,11 +76,6 @@ def main(args) -> int:
     from .app import build_app
     from .run import serve
 
-    if args.max_request_body_bytes < 1 or (args.max_waiting_requests is not None and args.max_waiting_requests < 0):
-        raise ValueError("--max-request-body-bytes must be >= 1 and --max-waiting-requests >= 0")
-    timeouts = Timeouts(args.shutdown_timeout, args.header_timeout, args.timeout_keep_alive)
-    if min(timeouts.shutdown, timeouts.header, timeouts.keep_alive, args.body_timeout) <= 0:
-        raise ValueError("--shutdown-timeout, --header-timeout, --body-timeout and --timeout-keep-alive must be > 0")
     torch.set_grad_enabled(False)
     config = engine_config_from_args(args)                   # a bad option fails here, before loading
     model, tokenizer = load_model(args.model, device=config.device, dtype=config.dtype)

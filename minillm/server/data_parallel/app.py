@@ -1,0 +1,100 @@
+"""The front's routes: one OpenAI endpoint over N replicas.
+
+    POST /v1/completions, /v1/chat/completions   routed (router.py), forwarded (proxy.py)
+    GET  /v1/models                               the first replica up answers
+    GET  /health                                  200 while at least one replica is in rotation
+    GET  /metrics                                 every replica's metrics, totals, the router's (metrics.py)
+    GET  /replicas                                the router's view: url, pid, up, in flight, routed
+
+The front does no model work, and the little CPU work it does (parsing a body, hashing a
+prompt, merging metrics) runs in worker threads, so its event loop only moves bytes.
+The same API key and body limits as a single server apply at the door (guards.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from ..errors import install_error_handlers
+from ..guards import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES, Guards
+from .health import HealthMonitor
+from .metrics import RouterMetrics, merge
+from .proxy import Proxy, error_reply
+from .router import Router
+
+SCRAPE_TIMEOUT = 5.0
+
+
+def build_front_app(replicas, router: Router, *, api_key: str | None = None,
+                    max_request_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                    body_timeout: float = DEFAULT_BODY_TIMEOUT, health_interval: float | None = None) -> FastAPI:
+    """An app routing between `replicas` (replicas.Replica, already answering /health).
+    Starting and stopping their processes is the caller's business (main.py)."""
+    metrics = RouterMetrics(router)
+    state: dict = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=5.0)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0), limits=limits) as client:
+            health = HealthMonitor(replicas, router, client, **({"interval": health_interval}
+                                                                if health_interval else {}))
+            state["proxy"] = Proxy(replicas, router, client, health, metrics)
+            monitor = asyncio.create_task(health.run())
+            try:
+                yield
+            finally:
+                monitor.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await monitor
+
+    app = FastAPI(title="minillm (data parallel)", lifespan=lifespan, openapi_url=None)
+    app.state.router = router
+    app.add_middleware(Guards, api_key=api_key, max_body_bytes=max_request_body_bytes, body_timeout=body_timeout)
+    install_error_handlers(app)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await state["proxy"].generate(request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await state["proxy"].generate(request)
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        return await state["proxy"].forward_any(request)
+
+    @app.get("/health")
+    async def health():
+        if not any(router.up):
+            return error_reply(503, "no replica is in rotation", "no_replica")
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def scrape():
+        client = state["proxy"].client
+
+        async def one(i: int):
+            try:
+                response = await client.get(f"{replicas[i].url}/metrics", timeout=SCRAPE_TIMEOUT)
+                return i, response.text if response.status_code == 200 else None
+            except httpx.HTTPError:
+                return i, None
+        texts = {i: text for i, text in await asyncio.gather(*(one(i) for i in range(len(replicas))))
+                 if text is not None}
+        body = await asyncio.to_thread(lambda: merge(texts) + metrics.render())
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/replicas")
+    async def replica_states():
+        return JSONResponse({"policy": router.policy, "load_bound": router.load_bound, "replicas": [
+            {"index": r.index, "url": r.url, "pid": r.pid, "log": r.log, "up": router.up[r.index],
+             "in_flight": router.in_flight[r.index], "routed": router.routed[r.index]} for r in replicas]})
+
+    return app

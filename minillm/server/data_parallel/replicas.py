@@ -1,0 +1,168 @@
+"""Start N replicas, each a plain `python -m minillm serve` on a free loopback port with the
+front's engine flags, wait until every one answers /health, and stop them all.
+
+Each replica is its own process with its own engine and KV pool (vLLM's data parallelism).
+It runs in its own session, so a Ctrl-C in the terminal reaches the front only and the front
+decides the order of shutdown; its stdin is a pipe from the front (lifeline.py), so it ends
+when the front ends, even a front killed with SIGKILL. Its output goes to a log file (the
+front prints where): N servers' access logs interleaved on one terminal would read as noise.
+On CPU each replica gets cores / N threads (unless OMP_NUM_THREADS says otherwise); with
+enough GPUs each gets its own (unless CUDA_VISIBLE_DEVICES says otherwise).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from ...cli.engine_args import engine_argv
+
+READY_TIMEOUT = 600.0          # seconds for every replica to load its model and answer /health
+REPLICA_KEEP_ALIVE = 60.0      # replicas keep idle connections longer than the front's pool does
+
+
+@dataclass
+class Replica:
+    index: int
+    url: str
+    process: subprocess.Popen | None = None     # None: a server someone else started (tests)
+    log: str | None = None
+    exit_reported: bool = field(default=False, repr=False)
+    terminated: bool = field(default=False, repr=False)     # sent SIGTERM: draining (a second one is "now")
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def exited(self) -> bool:
+        return self.process is not None and self.process.poll() is not None
+
+    def describe(self) -> str:
+        return f"replica {self.index} ({self.url}" + (f", pid {self.pid}" if self.process else "") + ")"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def replica_argv(args, port: int) -> list[str]:
+    """`minillm serve` for one replica: the front's model, engine flags and server limits."""
+    argv = [sys.executable, "-m", "minillm", "serve", "--port", str(port)] + engine_argv(args)
+    if args.model:
+        argv += ["--model", args.model]
+    if args.served_model_name:
+        argv += ["--served-model-name", args.served_model_name]
+    if args.max_waiting_requests is not None:
+        argv += ["--max-waiting-requests", str(args.max_waiting_requests)]
+    argv += ["--max-request-body-bytes", str(args.max_request_body_bytes),
+             "--shutdown-timeout", str(args.shutdown_timeout), "--body-timeout", str(args.body_timeout),
+             "--timeout-keep-alive", str(max(REPLICA_KEEP_ALIVE, args.timeout_keep_alive)), "--exit-with-parent"]
+    return argv
+
+
+def replica_env(index: int, n: int, api_key: str | None, gpus_per_replica: int = 1) -> dict:
+    env = dict(os.environ)
+    env.pop("MINILLM_API_KEY", None)
+    if api_key:                              # in the environment, not the command line `ps` shows
+        env["MINILLM_API_KEY"] = api_key
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
+    if "CUDA_VISIBLE_DEVICES" not in env and _gpu_count() >= n * gpus_per_replica:
+        first = index * gpus_per_replica
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in range(first, first + gpus_per_replica))
+    return env
+
+
+def _gpu_count() -> int:
+    try:
+        import torch
+        return torch.cuda.device_count()
+    except Exception:
+        return 0
+
+
+def start_replicas(args, n: int, log_dir: str | None = None, ready_timeout: float = READY_TIMEOUT) -> list[Replica]:
+    """Start n replicas at once (their models load in parallel) and wait for all of them."""
+    log_dir = log_dir or tempfile.mkdtemp(prefix="minillm-replicas-")
+    gpus = getattr(args, "tensor_parallel_size", None) or 1
+    replicas = []
+    try:
+        for i in range(n):
+            port = free_port()
+            log = os.path.join(log_dir, f"replica-{i}.log")
+            with open(log, "w") as out:
+                process = subprocess.Popen(replica_argv(args, port), stdin=subprocess.PIPE, stdout=out,
+                                           stderr=subprocess.STDOUT, env=replica_env(i, n, args.api_key, gpus),
+                                           start_new_session=True)
+            replicas.append(Replica(i, f"http://127.0.0.1:{port}", process, log))
+        wait_ready(replicas, ready_timeout)
+    except BaseException:
+        stop_replicas(replicas, timeout=5.0)
+        raise
+    return replicas
+
+
+def wait_ready(replicas: list[Replica], timeout: float) -> None:
+    deadline, waiting = time.monotonic() + timeout, list(replicas)
+    while waiting:
+        for r in list(waiting):
+            if r.exited():
+                raise RuntimeError(f"{r.describe()} exited with {r.process.returncode} before it was ready; "
+                                   f"the end of its log ({r.log}):\n{log_tail(r.log)}")
+            try:
+                if httpx.get(f"{r.url}/health", timeout=2).status_code == 200:
+                    waiting.remove(r)
+            except httpx.HTTPError:
+                pass
+        if waiting and time.monotonic() > deadline:
+            raise TimeoutError(f"{', '.join(r.describe() for r in waiting)} not ready after {timeout:.0f} s")
+        if waiting:
+            time.sleep(0.25)
+
+
+def stop_replicas(replicas: list[Replica], timeout: float = 30.0) -> None:
+    """SIGTERM every replica's process group (the graceful shutdown), SIGKILL what is left
+    after `timeout` seconds, and reap them all: no zombie, no orphan."""
+    running = [r for r in replicas if r.process is not None and r.process.poll() is None]
+    signal_replicas([r for r in running if not r.terminated], signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for r in running:
+        try:
+            r.process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal_group(r.process, signal.SIGKILL)
+            r.process.wait()
+    for r in replicas:
+        if r.process is not None:
+            if r.process.stdin:
+                r.process.stdin.close()
+            r.process.poll()
+
+
+def signal_replicas(replicas: list[Replica], sig: int) -> None:
+    for r in replicas:
+        if r.process is not None and r.process.poll() is None:
+            r.terminated = r.terminated or sig == signal.SIGTERM
+            _signal_group(r.process, sig)
+
+
+def _signal_group(process: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(process.pid, sig)        # the replica and anything it started (its session, by id)
+    except ProcessLookupError:
+        pass
+
+
+def log_tail(path: str | None, chars: int = 3000) -> str:
+    if not path or not os.path.exists(path):
+        return "(no log)"
+    with open(path, errors="replace") as f:
+        return f.read()[-chars:]
