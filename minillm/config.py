@@ -175,10 +175,12 @@ class EngineConfig(Validated):
     speculative_config: dict | None = option(None, "speculative decoding, vLLM's shape, as JSON: "
                                                    "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' "
                                                    "(minillm/spec/config.py lists the keys)")
+    tensor_parallel_size: int = option(1, "ranks the model's layers are sharded over, one process each "
+                                          "(gloo on CPU, NCCL on CUDA; minillm/distributed/)")
 
     def validate(self) -> None:
         name = "EngineConfig"
-        for field_name in ("block_size", "max_num_seqs"):
+        for field_name in ("block_size", "max_num_seqs", "tensor_parallel_size"):
             check_int(name, field_name, getattr(self, field_name), minimum=1)
         for field_name in ("num_kv_blocks", "kv_cache_memory_bytes", "max_num_batched_tokens",
                            "max_model_len", "swap_space"):

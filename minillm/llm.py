@@ -93,6 +93,9 @@ class LLM:
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
+        close = getattr(self.llm_engine.runner, "close", None)    # tensor-parallel ranks (distributed/)
+        if close is not None:
+            close()
 
     @staticmethod
     def _prompt(p):

@@ -20,7 +20,7 @@ from ..kv.block_allocator import BlockAllocator
 from ..kv.block_manager import BlockManager
 from ..kv.prefix_cache import PrefixCache
 from ..outputs import RequestOutput
-from ..runner.model_runner import ModelRunner
+from ..distributed.executor import build_runner
 from ..sample.logits_processors import process_logits, wants_processing
 from ..sample.sampler import sample
 from ..sampling_params import SamplingParams
@@ -52,7 +52,7 @@ class LLMEngine:
             raise TypeError(f"config must be an EngineConfig, got {type(config).__name__}")
         self.config = config = config or EngineConfig(**options)
         self.resolved = resolved = resolve_config(config, model)
-        self.runner = ModelRunner.build(model, resolved, config, slot_mapping_fn)
+        self.runner = build_runner(model, resolved, config, slot_mapping_fn)
         self.block_manager = block_manager_cls(resolved.num_kv_blocks, config.block_size,
                                                config.enable_prefix_caching, num_cpu_blocks=resolved.num_swap_blocks,
                                                allocator_cls=allocator_cls, prefix_cache_cls=prefix_cache_cls)

@@ -14,7 +14,8 @@ def engine_stats(engine) -> dict:
         "prefix_cache_hit_rate": pc.hit_rate if pc else 0.0,
         "kv_blocks_used": bm.allocator.num_blocks - bm.num_free_blocks,
         "kv_blocks_total": bm.allocator.num_blocks,
-        "attention_backend": engine.kv_cache.backend.name,
+        "attention_backend": engine.resolved.attention_backend,
+        "tensor_parallel_size": engine.config.tensor_parallel_size,
         "quantization": engine.resolved.quantization,
         "config": engine.resolved.as_dict(),          # every derived value, with its reason
     }

@@ -42,6 +42,7 @@ def quantize_model(model: nn.Module, method: str, *, include_head: bool | None =
                          "load the float model again")
     from ..models.cpu_linear import PanelLinear      # here, not at the top: config.py imports this package
     head = getattr(model, "lm_head", None)
+    head = getattr(head, "linear", head)              # a tensor-parallel head wraps its linear (distributed/)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) not in (nn.Linear, PanelLinear):

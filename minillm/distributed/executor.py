@@ -1,0 +1,166 @@
+"""The engine's side of tensor parallelism: it looks like a ModelRunner to the engine
+(`apply_block_ops`, `execute`), but runs the model in N rank processes (worker.py).
+
+Per step the plan is pickled once and the same bytes go down each rank's pipe (measured by
+`bench tp` against a broadcast over the gloo group: see bench/tp.py); rank 0 sends back the
+sampling rows' logits, which the engine samples from as usual. The scheduler, the block
+manager (one for all ranks: every rank's pool has the same blocks, holding its own KV heads),
+the sampler and the outputs stay in the engine's process.
+
+A rank that dies, or raises, ends the engine: the ranks are then out of step, so the executor
+stops them all and every later call raises `TensorParallelError` at once, which ends each
+request still in the engine with that message. The ranks die with the engine's process
+(PR_SET_PDEATHSIG), when the executor is garbage-collected, at interpreter exit, and on `close()`.
+"""
+from __future__ import annotations
+
+import pickle
+import socket
+import time
+import weakref
+
+import torch
+import torch.multiprocessing as mp
+from multiprocessing.connection import wait
+
+from ..attention.paged import slot_mapping
+from ..runner.model_runner import ForwardOutput, ModelRunner
+from .sharding import check_tensor_parallel_size
+from .worker import run_worker
+
+START_TIMEOUT_S = 300.0        # spawning a rank imports torch and shards the model
+
+
+class TensorParallelError(RuntimeError):
+    """A rank died or failed: the engine cannot go on."""
+
+
+def build_runner(model, resolved, config, slot_mapping_fn=slot_mapping):
+    """The engine's runner: a ModelRunner in this process, or N ranks with tensor_parallel_size N."""
+    if config.tensor_parallel_size == 1:
+        return ModelRunner.build(model, resolved, config, slot_mapping_fn)
+    if slot_mapping_fn is not slot_mapping:
+        raise ValueError("a custom slot_mapping_fn runs in this process only: use tensor_parallel_size=1")
+    return TensorParallelExecutor(model, resolved, config)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TensorParallelExecutor:
+    def __init__(self, model, resolved, config):
+        n = config.tensor_parallel_size
+        check_tensor_parallel_size(model.config, n)
+        if resolved.device.type == "cuda" and torch.cuda.device_count() < n:
+            raise ValueError(f"tensor_parallel_size={n} needs {n} GPUs, this machine has {torch.cuda.device_count()}")
+        self.model, self.kv_cache, self.size, self.dead = model, None, n, None
+        ctx = mp.get_context("spawn")
+        port, threads = free_port(), max(1, torch.get_num_threads() // n)
+        weights = (model.config, model.state_dict())          # shared memory, not copies (worker.py)
+        self.conns, self.procs = [], []
+        for rank in range(n):
+            ours, theirs = ctx.Pipe()
+            proc = ctx.Process(target=run_worker, args=(rank, n, port, weights, resolved, config, theirs, threads),
+                               daemon=True, name=f"minillm-tp-rank{rank}")
+            proc.start()
+            theirs.close()
+            self.conns.append(ours)
+            self.procs.append(proc)
+        self._finalizer = weakref.finalize(self, stop_ranks, self.procs, self.conns)    # also at exit
+        self._replies(START_TIMEOUT_S)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def apply_block_ops(self, ops) -> None:
+        if ops.swap_out or ops.swap_in or ops.copies:
+            self._send("block_ops", ops)
+            self._replies()
+
+    def execute(self, scheduled: list) -> ForwardOutput:
+        """Every rank runs the plan; rank 0's results are mapped back onto this process's sequences."""
+        self._send("execute", scheduled)
+        seq_ids, logits, prompt_logprobs, drafted = self._replies()[0]
+        by_id = {seq.seq_id: seq for seq, _ in scheduled}
+        for seq_id, (drafts, _) in drafted.items():
+            by_id[seq_id].spec_token_ids = drafts              # a rank-side proposer may have written them
+        return ForwardOutput([by_id[i] for i in seq_ids], logits, prompt_logprobs,
+                             {seq_id: (by_id[seq_id], rows) for seq_id, (_, rows) in drafted.items()})
+
+    def counters(self) -> list[dict]:
+        """Each rank's time and bytes in collectives so far (bench tp)."""
+        self._send("counters", None)
+        return self._replies()
+
+    def _send(self, kind: str, payload) -> None:
+        if self.dead is not None:
+            raise TensorParallelError(self.dead)
+        data = pickle.dumps((kind, payload))
+        try:
+            for conn in self.conns:
+                conn.send_bytes(data)
+        except OSError as e:
+            self._die(f"could not reach a tensor-parallel rank: {e!r}")
+
+    def _replies(self, timeout: float | None = None) -> list:
+        """Each rank's answer, in rank order, read as they come (a rank that failed is heard at
+        once, not after its peers' collectives time out); a dead or failing rank ends the engine."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        replies, waiting = {}, dict(enumerate(self.conns))
+        while waiting:
+            for conn in wait(list(waiting.values()), 0.05):
+                rank = self.conns.index(conn)
+                try:
+                    status, reply = conn.recv()
+                except (EOFError, OSError):
+                    self._die(self._dead_rank(grace=1.0) or f"tensor-parallel rank {rank} closed its pipe")
+                if status == "error":                  # a peer's death shows up first as a failed collective
+                    self._die(self._dead_rank(grace=1.0) or reply[:300])
+                replies[rank] = reply
+                del waiting[rank]
+            if waiting and (dead := self._dead_rank(grace=0)):
+                self._die(dead)
+            if deadline is not None and time.monotonic() > deadline:
+                self._die(f"tensor-parallel ranks {sorted(waiting)} did not answer within {timeout:.0f} s")
+        return [replies[r] for r in range(len(self.conns))]
+
+    def _dead_rank(self, grace: float) -> str | None:
+        """"rank r died (exit code c)" for the first rank found dead within `grace` seconds, else None."""
+        deadline = time.monotonic() + grace
+        while True:
+            for rank, proc in enumerate(self.procs):
+                if not proc.is_alive():
+                    return f"tensor-parallel rank {rank} died (exit code {proc.exitcode})"
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)
+
+    def _die(self, message: str):
+        self.dead = f"{message}; the engine's tensor-parallel ranks are stopped, start a new engine"
+        self.close()
+        raise TensorParallelError(self.dead)
+
+    def close(self) -> None:
+        """Stop every rank (idempotent)."""
+        self.dead = self.dead or "the engine was closed"
+        self._finalizer()
+
+
+def stop_ranks(procs, conns) -> None:
+    for conn in conns:
+        try:
+            conn.send_bytes(pickle.dumps(("stop", None)))
+        except OSError:
+            pass
+    deadline = time.monotonic() + 5
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5)
+    for conn in conns:
+        conn.close()
