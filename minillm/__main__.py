@@ -8,6 +8,7 @@
     python -m minillm bench roofline [--batch-sizes 1 8 32] [--context 512] [--plot FILE] [--quick] [engine flags]
     python -m minillm bench quant [--model M] [--quick] [--against llama.cpp] [--compile] [engine flags]
     python -m minillm bench spec [--model M] [--max-tokens 96] [--json FILE] [--quick] [engine flags]
+    python -m minillm bench tp [--model M] [--sizes 1 3] [--batch 8] [--json FILE] [--quick]
 
 Engine flags: every EngineConfig field (--block-size, --enable-prefix-caching, ...; see `--help`
 of a command, and minillm/cli/engine_args.py).
@@ -20,7 +21,7 @@ import sys
 
 def build_parser() -> argparse.ArgumentParser:
     """Every command's parser; each sets `func`, what runs the parsed command."""
-    from .bench import kv_cache, quant, roofline, serve, spec, throughput
+    from .bench import kv_cache, quant, roofline, serve, spec, throughput, tp
     from .cli import chat, generate
     from .server import cli as serve_cli
 
@@ -40,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
                                ("kv-cache", kv_cache, "naive generation vs the contiguous KV cache"),
                                ("roofline", roofline, "a decode step's bytes and FLOPs vs the measured roofline"),
                                ("quant", quant, "float32 vs int8 vs int4 weights (and llama.cpp): decode, floors"),
-                               ("spec", spec, "speculative decoding (n-gram) vs none and transformers' prompt lookup")):
+                               ("spec", spec, "speculative decoding (n-gram) vs none and transformers' prompt lookup"),
+                               ("tp", tp, "tensor parallelism: step time split into compute and collectives, bytes")):
         p = bsub.add_parser(name, help=text)
         module.add_arguments(p)
         p.set_defaults(func=lambda a, module=module: (module.main(a), 0)[1])

@@ -117,7 +117,21 @@ def default_stages(workdir: Path, quick: bool = False) -> list[Stage]:
         Stage("throughput-qwen3-0.6b-shape", in_process("throughput-qwen3-0.6b-shape"), 90,
               figures["throughput-qwen3-0.6b-shape"]),
         Stage("lessons", [py, "-m", "pytest", "-q", *workers, *lessons], 160),
+        tensor_parallel_stage(py, workdir, quick),
     ]
+
+
+def tensor_parallel_stage(py: str, workdir: Path, quick: bool) -> Stage:
+    """`bench tp` over NCCL where the machine has 2 GPUs or more (SmolLM2 at TP=3 with 3, the tiny
+    model at TP=2 with 2); a stage that only says so on one GPU."""
+    import torch
+    gpus = torch.cuda.device_count()
+    if gpus < 2:
+        return Stage("tensor-parallel", [py, "-c", f"print('skipped: {gpus} GPU')"], 10)
+    model, size = ("SmolLM2-135M-Instruct", 3) if gpus >= 3 else ("tiny-llama", 2)
+    figures = str(workdir / "tensor-parallel.json")
+    return Stage("tensor-parallel", [py, "-m", "minillm", "bench", "tp", "--model", model, "--sizes", "1", str(size),
+                                     "--json", figures] + (["--quick"] * quick), 90, figures)
 
 
 def _has_xdist() -> bool:

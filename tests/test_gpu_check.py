@@ -54,13 +54,18 @@ def test_default_stages_cover_the_issue(tmp_path):
     in_process = stages["greedy-exactness"].argv[1]        # the stages script, by path: it runs from anywhere
     assert Path(in_process) == REPO / "scripts" / "gpu_check_stages.py" and Path(in_process).is_file()
     assert list(stages) == ["gpu-tests", "greedy-exactness", "roofline", "throughput-smollm2",
-                            "throughput-qwen3-0.6b-shape", "lessons"]
+                            "throughput-qwen3-0.6b-shape", "lessons", "tensor-parallel"]
     assert stages["gpu-tests"].argv[-3:] == ["-m", "gpu", "tests"]
     lessons = [a for a in stages["lessons"].argv if a.endswith(".ipynb")]
     assert [Path(a).name[:3] for a in lessons] == [f"{n:02d}_" for n in range(7)]
     assert DEFAULT_BUDGET_S <= 8 * 60                   # all stages together, whatever each may take
     assert all(s.figures_path and s.figures_path.startswith(str(tmp_path))
-               for s in stages.values() if s.name not in ("gpu-tests", "lessons"))
+               for s in stages.values() if s.name not in ("gpu-tests", "lessons", "tensor-parallel"))
+    if torch.cuda.device_count() < 2:                  # one GPU or none: the TP stage only says so
+        result = run_stages([stages["tensor-parallel"]], budget_s=60, report={})["stages"][0]
+        assert result["ok"] and f"skipped: {torch.cuda.device_count()} GPU" in result["output_tail"]
+    else:
+        assert stages["tensor-parallel"].argv[2:5] == ["minillm", "bench", "tp"]
 
 
 def test_qwen3_shape_matches_the_published_config():

@@ -159,3 +159,17 @@ def test_the_ranks_die_with_the_engines_process():
         proc.kill()
         proc.wait()
     assert not wait_gone(pids), "a rank outlived the engine's process"
+
+
+def test_bench_tp_splits_the_step_and_its_bytes_match_the_formula(tmp_path):
+    from minillm.__main__ import main
+    out = tmp_path / "tp.json"
+    assert main(["bench", "tp", "--model", "tiny-llama", "--sizes", "1", "2", "--batch", "2", "--quick",
+                 "--json", str(out)]) == 0
+    import json
+    report = json.loads(out.read_text())
+    one, two = report["sizes"]
+    assert one["tensor_parallel_size"] == 1 and two["tensor_parallel_size"] == 2
+    assert two["comm_bytes_per_step"] == two["formula_bytes_per_step"]        # 2 all-reduces a layer, embedding, head
+    assert two["collectives_per_step"] == 2 * 2 + 2 and 0 < two["comm_ms"] < two["step_ms"]
+    assert report["plan_transport"]["pipe_us"] > 0 and report["plan_transport"]["gloo_broadcast_us"] > 0
