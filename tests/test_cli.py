@@ -127,10 +127,11 @@ def test_bench_spec_quick_writes_the_speedup_table(tmp_path):
     """bench spec: batch-1 tok/s with and without the n-gram proposer on both workloads, beside
     transformers' prompt lookup, and a batch of 8; it fails itself if speculation changed a token."""
     out = tmp_path / "spec.json"
-    r = run("bench", "spec", "--quick", "--model", "tiny-llama", "--max-tokens", "8", "--json", str(out))
+    r = run("bench", "spec", "--quick", "--model", "tiny-llama", "--max-tokens", "8", "--draft-model", "tiny-qwen2",
+            "--json", str(out))
     assert r.returncode == 0, r.stderr
     report = json.loads(out.read_text())
-    assert set(report["speedup"]["ngram"]) == {"input_grounded", "open_ended"}
+    assert set(report["speedup"]["ngram"]) == set(report["speedup"]["draft_model"]) == {"input_grounded", "open_ended"}
     assert all(v > 0 for v in report["speedup"]["ngram"].values())
     assert report["transformers"]["open_ended"]["prompt_lookup_tok_s"] > 0 and "8" in report["batched"]
     assert "prompt lookup" in r.stdout

@@ -3,7 +3,7 @@ input-grounded workload (the answer copies or edits a passage in the prompt) and
 one, beside transformers' own prompt lookup (`generate(prompt_lookup_num_tokens=k)`) on the
 same prompts, in the same run; then batches of 8 and 32 to show where it stops paying.
 
-    python -m minillm bench spec [--model M] [--max-tokens 96] [--json FILE] [--quick] [engine flags]
+    python -m minillm bench spec [--model M] [--max-tokens 96] [--draft-model D] [--json FILE] [--quick] [engine flags]
 
 Greedy everywhere, so every configuration must produce the same tokens as its baseline
 (checked: a speed-up that changed the answer would not count). Speculation is forced on at
@@ -74,11 +74,14 @@ def main(args) -> dict:
     options = {"num_kv_blocks": 1024, **engine_options(args)}
     options.pop("speculative_config", None)             # this bench sets it
     plain = LLMEngine(model, tokenizer, **options)
+    methods = PROPOSERS + (("draft_model",) if args.draft_model else ())
+    extra = {"draft_model": {"model": args.draft_model}}
     proposers = {method: LLMEngine(model, tokenizer, **options, speculative_config={
-        "method": method, "num_speculative_tokens": k, "max_batch_size": 64}) for method in PROPOSERS}
+        "method": method, "num_speculative_tokens": k, "max_batch_size": 64, **extra.get(method, {})})
+        for method in methods}
     twin = transformers_twin(model)
     eos = min(tokenizer.eos_token_ids)
-    report = {"tok_s": {}, "speedup": {m: {} for m in PROPOSERS}, "acceptance": {m: {} for m in PROPOSERS},
+    report = {"tok_s": {}, "speedup": {m: {} for m in methods}, "acceptance": {m: {} for m in methods},
               "transformers": {}, "batched": {}}
     print(f"batch 1, greedy, {max_tokens} tokens, k={k}, {torch.get_num_threads()} threads")
     for workload, questions in (("input_grounded", GROUNDED), ("open_ended", OPEN_ENDED)):
@@ -121,6 +124,8 @@ def add_arguments(p) -> None:
     p.add_argument("--model", default=None, help="default: the embedded SmolLM2")
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--num-speculative-tokens", type=int, default=4)
+    p.add_argument("--draft-model", default=None,
+                   help="also measure the draft_model proposer with this smaller checkpoint (same tokenizer)")
     p.add_argument("--json", default=None)
     p.add_argument("--quick", action="store_true")
     add_engine_arguments(p)
