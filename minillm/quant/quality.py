@@ -63,11 +63,13 @@ def next_token_log_probs(model, ids: list[int]):
 
 
 def text_metrics(reference, model, ids: list[int]) -> tuple[float, float, float]:
-    """(mean KL(reference || model), perplexity of reference, perplexity of model) on ids."""
+    """(mean KL(reference || model), perplexity of reference, perplexity of model) on ids.
+    `reference`: a model, or its `next_token_log_probs` on ids already computed (a list)."""
     targets = torch.tensor(ids[1:])
     kl_sum = nll_ref = nll = 0.0
     start = 0
-    for ref_lp, lp in zip(next_token_log_probs(reference, ids), next_token_log_probs(model, ids)):
+    ref_chunks = reference if isinstance(reference, list) else next_token_log_probs(reference, ids)
+    for ref_lp, lp in zip(ref_chunks, next_token_log_probs(model, ids)):
         t = targets[start:start + len(lp)]
         kl_sum += (ref_lp.exp() * (ref_lp - lp)).sum().item()
         nll_ref -= ref_lp.gather(1, t[:, None]).sum().item()
@@ -104,10 +106,12 @@ def measure(model, tokenizer, schemes=SCHEMES, text: str = TEXT, prompts=CHAT_PR
     (left unchanged: each scheme quantizes a copy). `schemes`: name -> (method, options)."""
     ids = tokenizer.encode(text)
     float_tokens = greedy_tokens(model, tokenizer, prompts, max_tokens)
+    # float32's distributions, computed once for every scheme (len(ids) x vocab floats: 400 MB for TEXT)
+    reference = list(next_token_log_probs(model, ids)) if len(schemes) > 1 else model
     results = {}
     for name, (method, options) in schemes.items():
         quantized = quantize_model(float_copy(model), method, include_head=include_head, **options)
-        kl, ppl_float, ppl = text_metrics(model, quantized, ids)
+        kl, ppl_float, ppl = text_metrics(reference, quantized, ids)
         tokens = greedy_tokens(quantized, tokenizer, prompts, max_tokens)
         results[name] = {"kl": kl, "ppl": ppl, "ppl_float": ppl_float, "ppl_delta": ppl - ppl_float,
                          "greedy_agreement": agreement(float_tokens, tokens) if prompts else None}
