@@ -6,6 +6,8 @@ pins down the few calls the engine makes, so no transformers API leaks upward.
 from __future__ import annotations
 
 import inspect
+import json
+from pathlib import Path
 
 from ..utils.validate import is_int, refuse
 
@@ -21,8 +23,7 @@ class Tokenizer:
 
     @classmethod
     def from_folder(cls, folder, extra_eos_ids=None) -> "Tokenizer":
-        from transformers import AutoTokenizer
-        return cls(AutoTokenizer.from_pretrained(str(folder)), extra_eos_ids)
+        return cls(_hf_tokenizer(Path(folder)), extra_eos_ids)
 
     def encode(self, text: str) -> list[int]:
         """Text -> token ids. Text that is not valid Unicode (a lone surrogate such as
@@ -91,6 +92,24 @@ class Tokenizer:
         return text
 
 
+def _hf_tokenizer(folder: Path):
+    """AutoTokenizer's tokenizer for `folder`. A folder minillm converted itself (the embedded
+    model: SOURCE.txt) whose tokenizer_config names the generic fast class gets that class
+    directly: AutoTokenizer would pick the same one, but only after importing the model's
+    config classes, about 2 s of CPU in every process that loads the tokenizer."""
+    try:
+        ours = "minillm" in (folder / "SOURCE.txt").read_text()
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        ours, config = False, {}
+    if ours and config.get("tokenizer_class") in GENERIC_CLASSES and "auto_map" not in config:
+        from transformers import PreTrainedTokenizerFast
+        return PreTrainedTokenizerFast.from_pretrained(str(folder))
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+GENERIC_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 MAX_TEMPLATE_KWARGS = 32
 TOOLS_NEED_A_TEMPLATE = ("tool messages (assistant tool_calls, role 'tool') need a chat template that "
                          "supports them")
