@@ -3,8 +3,8 @@
 The grader (`grade.py`) needs two things nbval alone does not give: a hard limit on a
 notebook that never ends (the pytest process, its kernel and their children are killed),
 and which cell was running when time ran out. A small pytest plugin
-(`minillm.course._record`) writes each cell's start and end to a file as it happens, so
-even a killed run leaves its record.
+(`minillm.course._record`, loaded from a copy beside the notebook) writes each cell's start
+and end to a file as it happens, so even a killed run leaves its record.
 """
 from __future__ import annotations
 
@@ -61,7 +61,10 @@ def run_notebook(nb, timeout: float, env_path: str | None = None) -> tuple[dict[
         env.setdefault("OMP_NUM_THREADS", "1")
         if env_path:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [env_path, env.get("PYTHONPATH")]))
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "nbval", "-p", "minillm.course._record",
+        # the recording plugin, copied beside the notebook (the run's folder is on its sys.path) and
+        # loaded by that name: as minillm.course._record it would import the package, torch included
+        shutil.copyfile(Path(__file__).with_name("_record.py"), work / "minillm_grade_record.py")
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "nbval", "-p", "minillm_grade_record",
                "-c", str(work / "pytest.ini"), "--rootdir", str(work), "--nbval-lax", "--nbval-current-env",
                f"--nbval-cell-timeout={max(1, int(timeout))}", str(path)]
         proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
