@@ -11,7 +11,9 @@ and one that is not a notebook.
 
 To keep the run short, submissions keep only the cells grading needs (the badge, the setup
 cell, the imports, the exercises and their checks), as a student who deleted the rest
-would; the full lessons run in the notebook tests. The class is graded once per test
+would; the full lessons run in the notebook tests. Only the reference student's imports cell
+still loads the lesson's model (no kept cell uses it; in every other kernel it would cost
+seconds and prove nothing about grading). The class is graded once per test
 session, also under xdist (the first worker grades, the others read its result).
 """
 import ast
@@ -147,9 +149,13 @@ CHEATS = {
 ATTACKS = [(student, exercise) for student, (_, attacks) in CHEATS.items() for _, exercise, _ in attacks]
 
 
-def notebook(lesson: str, stubs: bool):
+MODEL_LOAD = re.compile(r"^model, tokenizer = load_model\(.*\)\n", re.M)
+
+
+def notebook(lesson: str, stubs: bool, loads_the_model: bool = False):
     """The lesson (stubs) or its reference solution, keeping only what grading needs: badge,
-    setup cell, imports, exercises and their check cells."""
+    setup cell, imports, exercises and their check cells; the imports cell without its
+    `load_model(...)` line unless `loads_the_model`."""
     name = LESSONS[lesson]
     solution = read(REPO / "solutions" / name)
     stubbed = make_lesson(solution, f"solutions/{name}")
@@ -158,6 +164,9 @@ def notebook(lesson: str, stubs: bool):
             or 'raise NotImplementedError("YOUR CODE HERE")' in c.source or c.get("id") in CHECKS_NEED.get(lesson, ())]
     nb = stubbed if stubs else make_lesson(solution, f"solutions/{name}", stubs=False)
     nb.cells = [nb.cells[i] for i in keep]
+    if not loads_the_model:
+        imports = nb.cells[keep.index(first_code)]
+        imports.source = MODEL_LOAD.sub("", imports.source)
     return nb
 
 
@@ -232,7 +241,7 @@ def graded(tmp_path_factory):
 def grade_class(tmp_path_factory, out: Path):
     folder = tmp_path_factory.mktemp("class")
     for lesson, name in LESSONS.items():
-        write(notebook(lesson, stubs=False), folder / "reference" / name)
+        write(notebook(lesson, stubs=False, loads_the_model=True), folder / "reference" / name)
         if lesson in STUBBED:
             write(notebook(lesson, stubs=True), folder / "stubs" / name)
     by_lesson = {}
@@ -330,7 +339,7 @@ def test_csv_and_table(graded, tmp_path):
 def test_hang_import_error_and_unreadable_notebook_are_reported(tmp_path):
     folder, out = tmp_path / "flat", tmp_path / "out"
     out.mkdir()
-    hang = replace(notebook("00", stubs=False), "    xf = x.float()", "    while True:\n        pass")
+    hang = replace(notebook("00", stubs=False), "    xf = x.float()", "    while True:\n        time.sleep(0.5)")
     write(hang, folder / "hangs__00_setup_and_tour.ipynb")
     broken = replace(notebook("04", stubs=False), "from minillm.engine.sequence import Sequence",
                      "from minillm.engine.sequence import Sequense")
