@@ -30,6 +30,8 @@ went wrong and where to look.
 | 08     | check_paged_decode_kernel | minillm.attention.triton_decode.paged_decode_kernel   |
 | 09     | check_int8_quantizer   | minillm.quant.reference.quantize_int8, dequantize_int8   |
 | 09     | check_int4_quantizer   | minillm.quant.reference.quantize_int4, dequantize_int4   |
+| 10     | check_layer_sharding   | minillm.distributed.sharding.shard_decoder_layer         |
+| 10     | check_router_choice    | minillm.server.data_parallel.choice.choose_replica       |
 | 11     | check_ngram_proposer   | minillm.spec.ngram.propose_ngram                         |
 | 11     | check_rejection_sampler | minillm.spec.rejection.verify                           |
 | 12     | check_structured_outputs | a StructuredOutputs subclass overriding mask_logits / advance |
@@ -60,6 +62,8 @@ from .lesson07_stream import check_request_stream
 from .lesson08 import check_paged_decode_kernel
 from .lesson09_int4 import check_int4_quantizer
 from .lesson09_int8 import check_int8_quantizer
+from .lesson10_router import check_router_choice
+from .lesson10_sharding import check_layer_sharding
 from .lesson11_ngram import check_ngram_proposer
 from .lesson11_rejection import check_rejection_sampler
 from .lesson12_choice import check_choice_constraint
@@ -71,5 +75,6 @@ __all__ = ["check_rope", "check_top_k", "check_top_p", "check_sampler", "check_g
            "check_detokenizer", "check_request_stream",
            "check_paged_decode_kernel",
            "check_int8_quantizer", "check_int4_quantizer",
+           "check_layer_sharding", "check_router_choice",
            "check_ngram_proposer", "check_rejection_sampler",
            "check_structured_outputs", "check_choice_constraint"]

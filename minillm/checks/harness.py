@@ -81,6 +81,8 @@ REFERENCES = {
     "check_paged_decode_kernel": "minillm.attention.triton_decode:paged_decode_kernel",
     "check_int8_quantizer": "minillm.quant.reference:quantize_int8",
     "check_int4_quantizer": "minillm.quant.reference:quantize_int4",
+    "check_layer_sharding": "minillm.distributed.sharding:shard_decoder_layer",
+    "check_router_choice": "minillm.server.data_parallel.choice:choose_replica",
     "check_ngram_proposer": "minillm.spec.ngram:propose_ngram",
     "check_rejection_sampler": "minillm.spec.rejection:verify",
     "check_structured_outputs": "minillm.structured.matchers:StructuredOutputs",

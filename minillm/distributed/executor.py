@@ -35,13 +35,23 @@ class TensorParallelError(RuntimeError):
     """A rank died or failed: the engine cannot go on."""
 
 
-def build_runner(model, resolved, config, slot_mapping_fn=slot_mapping):
-    """The engine's runner: a ModelRunner in this process, or N ranks with tensor_parallel_size N."""
+def build_runner(model, resolved, config, slot_mapping_fn=slot_mapping, shard_layer_fn=None):
+    """The engine's runner: a ModelRunner in this process, or N ranks with tensor_parallel_size N
+    (each sharding every decoder layer with `shard_layer_fn`, default sharding.shard_decoder_layer)."""
     if config.tensor_parallel_size == 1:
+        if shard_layer_fn is not None:
+            raise ValueError("shard_layer_fn shards the layers over ranks: use tensor_parallel_size >= 2")
         return ModelRunner.build(model, resolved, config, slot_mapping_fn)
     if slot_mapping_fn is not slot_mapping:
         raise ValueError("a custom slot_mapping_fn runs in this process only: use tensor_parallel_size=1")
-    return TensorParallelExecutor(model, resolved, config)
+    return TensorParallelExecutor(model, resolved, config, shard_layer_fn)
+
+
+def pickled_by_value(fn) -> bytes:
+    """`fn` as bytes a spawned rank can load: cloudpickle sends a function defined in a notebook
+    (or a script's __main__) by value, where plain pickle would send a name the rank cannot import."""
+    import cloudpickle
+    return cloudpickle.dumps(fn)
 
 
 def free_port() -> int:
@@ -51,7 +61,7 @@ def free_port() -> int:
 
 
 class TensorParallelExecutor:
-    def __init__(self, model, resolved, config):
+    def __init__(self, model, resolved, config, shard_layer_fn=None):
         n = config.tensor_parallel_size
         check_tensor_parallel_size(model.config, n)
         if resolved.device.type == "cuda" and torch.cuda.device_count() < n:
@@ -60,11 +70,12 @@ class TensorParallelExecutor:
         ctx = mp.get_context("spawn")
         port, threads = free_port(), max(1, torch.get_num_threads() // n)
         weights = (model.config, model.state_dict())          # shared memory, not copies (worker.py)
+        shard_layer = None if shard_layer_fn is None else pickled_by_value(shard_layer_fn)
         self.conns, self.procs = [], []
         for rank in range(n):
             ours, theirs = ctx.Pipe()
-            proc = ctx.Process(target=run_worker, args=(rank, n, port, weights, resolved, config, theirs, threads),
-                               daemon=True, name=f"minillm-tp-rank{rank}")
+            proc = ctx.Process(target=run_worker, daemon=True, name=f"minillm-tp-rank{rank}",
+                               args=(rank, n, port, weights, resolved, config, theirs, threads, shard_layer))
             proc.start()
             theirs.close()
             self.conns.append(ours)

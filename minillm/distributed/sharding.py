@@ -103,28 +103,37 @@ def vocab_slice(weight: torch.Tensor, rank: int, n: int) -> tuple[torch.Tensor, 
     return part.clone(), start
 
 
-def shard_model(model, rank: int, n: int, group):
-    """Replace `model`'s layers by rank's shards, in place (the model a worker was handed is its own)."""
+def shard_decoder_layer(layer, rank: int, n: int, group) -> None:
+    """Replace one decoder layer's linears by rank's shards, in place (lesson 10's exercise):
+    column-parallel q/k/v (rank's query heads and the KV heads they read, contiguous) and gate/up,
+    row-parallel o_proj and down_proj each followed by the all-reduce, and the local head counts."""
+    attn, mlp = layer.self_attn, layer.mlp
+    heads, kv_heads, d = attn.num_heads // n, attn.num_kv_heads // n, attn.head_dim
+    width = mlp.gate_proj.out_features // n
+    attn.q_proj = column_shard(attn.q_proj, rank * heads * d, heads * d)
+    attn.k_proj = column_shard(attn.k_proj, rank * kv_heads * d, kv_heads * d)
+    attn.v_proj = column_shard(attn.v_proj, rank * kv_heads * d, kv_heads * d)
+    attn.o_proj = RowParallelLinear(row_shard(attn.o_proj, rank * heads * d, heads * d), group)
+    attn.num_heads, attn.num_kv_heads = heads, kv_heads
+    mlp.gate_proj = column_shard(mlp.gate_proj, rank * width, width)
+    mlp.up_proj = column_shard(mlp.up_proj, rank * width, width)
+    mlp.down_proj = RowParallelLinear(row_shard(mlp.down_proj, rank * width, width), group)
+
+
+def shard_model(model, rank: int, n: int, group, shard_layer=shard_decoder_layer):
+    """Replace `model`'s layers by rank's shards, in place (the model a worker was handed is its own).
+    `shard_layer(layer, rank, n, group)` shards one decoder layer (a lesson passes the learner's)."""
     cfg = model.config
     check_tensor_parallel_size(cfg, n)
-    heads, kv_heads, width, d = (cfg.num_attention_heads // n, cfg.num_key_value_heads // n,
-                                 cfg.intermediate_size // n, cfg.head_dim)
     for layer in model.model.layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        attn.q_proj = column_shard(attn.q_proj, rank * heads * d, heads * d)
-        attn.k_proj = column_shard(attn.k_proj, rank * kv_heads * d, kv_heads * d)
-        attn.v_proj = column_shard(attn.v_proj, rank * kv_heads * d, kv_heads * d)
-        attn.o_proj = RowParallelLinear(row_shard(attn.o_proj, rank * heads * d, heads * d), group)
-        attn.num_heads, attn.num_kv_heads = heads, kv_heads
-        mlp.gate_proj = column_shard(mlp.gate_proj, rank * width, width)
-        mlp.up_proj = column_shard(mlp.up_proj, rank * width, width)
-        mlp.down_proj = RowParallelLinear(row_shard(mlp.down_proj, rank * width, width), group)
+        shard_layer(layer, rank, n, group)
     table, start = vocab_slice(model.model.embed_tokens.weight, rank, n)
     model.model.embed_tokens = VocabParallelEmbedding(table, start, group)
     head = nn.Linear(cfg.hidden_size, table.shape[0], bias=False, device="meta")
     head.weight = (model.model.embed_tokens.weight if cfg.tie_word_embeddings else
                    nn.Parameter(vocab_slice(model.lm_head.weight, rank, n)[0], requires_grad=False))
     model.lm_head = VocabParallelHead(head, cfg.vocab_size, group)
-    model.config = dataclasses.replace(cfg, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                                       intermediate_size=width)
+    model.config = dataclasses.replace(cfg, num_attention_heads=cfg.num_attention_heads // n,
+                                       num_key_value_heads=cfg.num_key_value_heads // n,
+                                       intermediate_size=cfg.intermediate_size // n)
     return model

@@ -21,7 +21,7 @@ import torch
 from ..models.llama import LlamaForCausalLM, RotaryEmbedding
 from ..runner.model_runner import ModelRunner
 from .comm import TensorParallelGroup
-from .sharding import shard_model
+from .sharding import shard_decoder_layer, shard_model
 
 COLLECTIVE_TIMEOUT_S = 60.0      # a collective waits this long for a peer before it raises
 
@@ -50,14 +50,18 @@ def rebuild_model(model_config, state_dict):
     return model.eval()
 
 
-def run_worker(rank: int, world_size: int, port: int, weights, resolved, config, conn, num_threads: int) -> None:
+def run_worker(rank: int, world_size: int, port: int, weights, resolved, config, conn, num_threads: int,
+               shard_layer: bytes | None = None) -> None:
+    """`shard_layer`: a pickled function sharding one decoder layer (a lesson's, sent by value
+    with cloudpickle: a notebook's function cannot be imported here by name); None: the package's."""
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)        # Ctrl-C is the engine's to handle; it stops us
     torch.set_num_threads(num_threads)
     try:
         device = torch.device("cuda", rank) if resolved.device.type == "cuda" else resolved.device
         group = TensorParallelGroup(rank, world_size, port, device, COLLECTIVE_TIMEOUT_S)
-        model = shard_model(rebuild_model(*weights), rank, world_size, group)
+        shard_layer = pickle.loads(shard_layer) if shard_layer is not None else shard_decoder_layer
+        model = shard_model(rebuild_model(*weights), rank, world_size, group, shard_layer)
         del weights
         eager = dataclasses.replace(config, compile=False, enforce_eager=True, tensor_parallel_size=1)
         runner = ModelRunner.build(model, dataclasses.replace(resolved, device=device), eager)

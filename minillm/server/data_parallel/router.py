@@ -32,12 +32,14 @@ class Route:
 
 class Router:
     def __init__(self, num_replicas: int, policy: str = "cache-aware", load_bound: int = DEFAULT_LOAD_BOUND,
-                 max_chunks: int = MAX_CHUNKS):
+                 max_chunks: int = MAX_CHUNKS, choose=choose_replica):
+        """`choose(match_lengths, in_flight, load_bound) -> index`: the cache-aware decision
+        (choice.py; lesson 10 passes the learner's)."""
         if policy not in POLICIES:
             raise ValueError(f"router policy must be one of {', '.join(POLICIES)}, not {policy!r}")
         if num_replicas < 1 or load_bound < 0:
             raise ValueError("a router needs at least one replica and a load bound >= 0")
-        self.policy, self.load_bound = policy, load_bound
+        self.policy, self.load_bound, self.choose = policy, load_bound, choose
         self.up = [True] * num_replicas
         self.in_flight = [0] * num_replicas
         self.routed = [0] * num_replicas                # requests sent to each, ever
@@ -58,7 +60,7 @@ class Router:
                 matched = 0
             else:
                 matches = [self.trees[i].match(keys) for i in candidates]
-                k = choose_replica(matches, [self.in_flight[i] for i in candidates], self.load_bound)
+                k = self.choose(matches, [self.in_flight[i] for i in candidates], self.load_bound)
                 i, matched = candidates[k], matches[k]
                 self.trees[i].insert(keys)
             self.in_flight[i] += 1
