@@ -2,7 +2,9 @@
 git tracks, plus new files it does not ignore), a venv with torch from the machine's local
 CPU wheel (`pip install torch==2.13.0`, see scripts/setup.sh), and a notebook run by nbclient
 with that venv's Python as the kernel. pip's cache is reused, so a second run downloads
-nothing."""
+nothing. No install byte-compiles what it installs (`--no-compile`, and PIP_COMPILE=0 for the
+installs the notebooks and postBuild run): Python compiles what a run imports, and compiling
+all of torch and transformers up front cost most of each install's CPU time."""
 from __future__ import annotations
 
 import os
@@ -44,7 +46,7 @@ def make_venv(path: Path, *packages: str) -> Path:
 
 def pip(python: Path, *args: str, cwd=None) -> None:
     if args:
-        sh([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args], cwd=cwd)
+        sh([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-compile", *args], cwd=cwd)
 
 
 RUN_NOTEBOOK = """
@@ -71,5 +73,6 @@ def clean_env(**extra: str) -> dict:
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
                                   if not p.startswith(str(REPO / ".venv")))
     env.setdefault("OMP_NUM_THREADS", "1")
+    env["PIP_COMPILE"] = "0"          # pip's --no-compile (PIP_NO_COMPILE=1 would mean the opposite)
     env.update(extra)
     return env
