@@ -1,8 +1,9 @@
 """The engine's side of tensor parallelism: it looks like a ModelRunner to the engine
 (`apply_block_ops`, `execute`), but runs the model in N rank processes (worker.py).
 
-Per step the plan is pickled once and the same bytes go down each rank's pipe (measured by
-`bench tp` against a broadcast over the gloo group: see bench/tp.py); rank 0 sends back the
+Per step the plan is pickled once and the same bytes go down each rank's pipe: `bench tp` measured a
+4.3 KB decode plan (8 sequences) at 40 us down a pipe against 900 us for gloo's broadcast_object_list
+(2-core EPYC, quiet); rank 0 sends back the
 sampling rows' logits, which the engine samples from as usual. The scheduler, the block
 manager (one for all ranks: every rank's pool has the same blocks, holding its own KV heads),
 the sampler and the outputs stay in the engine's process.
