@@ -7,18 +7,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import httpx
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from ..utils.ports import free_port     # (re-exported: the benches and tests take it from here)
 
 
 def minillm_command(model: str | None, port: int, engine_flags: list[str] = ()) -> list[str]:

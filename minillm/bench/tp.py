@@ -84,7 +84,7 @@ def plan_transport(plan_bytes: bytes, rounds: int) -> dict:
     import torch.distributed as dist
     import torch.multiprocessing as mp
 
-    from ..distributed.executor import free_port
+    from ..utils.ports import free_port
     ctx, port = mp.get_context("spawn"), free_port()
     ours, theirs = ctx.Pipe()
     peer = ctx.Process(target=_peer, args=(port, theirs, rounds), daemon=True)

@@ -16,7 +16,6 @@ request still in the engine with that message. The ranks die with the engine's p
 from __future__ import annotations
 
 import pickle
-import socket
 import time
 import weakref
 
@@ -28,6 +27,7 @@ from ..attention.paged import slot_mapping
 from ..runner.model_runner import ForwardOutput, ModelRunner
 from .sharding import check_tensor_parallel_size
 from .worker import run_worker
+from ..utils.ports import free_port
 
 START_TIMEOUT_S = 300.0        # spawning a rank imports torch and shards the model
 
@@ -53,12 +53,6 @@ def pickled_by_value(fn) -> bytes:
     (or a script's __main__) by value, where plain pickle would send a name the rank cannot import."""
     import cloudpickle
     return cloudpickle.dumps(fn)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class TensorParallelExecutor:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from ...cli.engine_args import engine_argv
+from ...utils.ports import free_port
 
 READY_TIMEOUT = 600.0          # seconds for every replica to load its model and answer /health
 REPLICA_KEEP_ALIVE = 60.0      # replicas keep idle connections longer than the front's pool does
@@ -46,12 +46,6 @@ class Replica:
 
     def describe(self) -> str:
         return f"replica {self.index} ({self.url}" + (f", pid {self.pid}" if self.process else "") + ")"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def replica_argv(args, port: int) -> list[str]:
