@@ -50,6 +50,15 @@ class PagedKVCache:
         self.backend.write(self.k[layer_idx], self.v[layer_idx], k, v, self.step.slot_mapping)
         return self.backend.forward(q, self.k[layer_idx], self.v[layer_idx], self.step)
 
+    def plain_caches(self, layer_idx: int):
+        """(k_cache, v_cache, slot_mapping) of a layer for a caller that writes this step's K/V itself
+        (models/fused_layer.py), or None when the backend has a write of its own to respect."""
+        return plain_caches(self.backend.write, self.k[layer_idx], self.v[layer_idx], self.step)
+
+    def attend_stored(self, layer_idx: int, q):
+        """Attention of q over the layer's cache, this step's K/V already written (`plain_caches`)."""
+        return self.backend.forward(q, self.k[layer_idx], self.v[layer_idx], self.step)
+
     def enable_swap(self, num_cpu_blocks: int) -> None:
         self.swap_space = SwapSpace(num_cpu_blocks, self.k + self.v)
 
@@ -71,3 +80,8 @@ class PagedKVCache:
         dst = torch.tensor([d for _, d in pairs], device=self.device)
         for cache in self.k + self.v:
             cache[dst] = cache[src]
+
+
+def plain_caches(write, k_cache, v_cache, step):
+    """(k_cache, v_cache, step.slot_mapping) when `write` is the default K/V write, else None."""
+    return (k_cache, v_cache, step.slot_mapping) if getattr(write, "__func__", None) is AttentionBackend.write else None

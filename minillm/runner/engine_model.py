@@ -1,7 +1,8 @@
 """The model an engine runs: its own module tree, so it never changes a model another engine uses.
 
-An engine rewrites the model it runs: on CPU it swaps large linears for PanelLinear (weights
-packed for small batches), with `quantization` it swaps linears for quantized ones, with
+An engine rewrites the model it runs: it stacks each layer's q/k/v and gate/up projections
+into one linear each (models/fused_layer.py: fewer, fatter calls a step), on CPU it swaps large
+linears for PanelLinear (weights packed for small batches), with `quantization` it swaps linears for quantized ones, with
 another `dtype`/`device` it converts. Done in place on the caller's model, a second engine
 built on the same object (a lesson's float engine beside an int8 one) would silently run the
 first one's changes. So the runner builds its own tree:
@@ -13,7 +14,9 @@ first one's changes. So the runner builds its own tree:
     That byte order is the one thing an engine does to the model it is handed; it changes no value,
     and doing it on a copy would double the weights' memory.
 
-Memory, beside the handed model's weights (which stay shared): PanelLinear's packed copy of
+Memory, beside the handed model's weights (which stay shared): the stacked q/k/v and gate/up
+weights (a copy; the separate ones are freed with the handed model when no one else holds it,
+as in `LLM`), PanelLinear's packed copy of
 each large CPU linear (as before this tree existed), quantized weights when asked for (an
 `LLM(quantization=...)` holds no other reference to its float model, so the float linears
 are freed), and a full converted copy when another dtype or device is asked for.
@@ -26,6 +29,7 @@ import torch
 from torch import nn
 
 from ..models.cpu_linear import use_panel_linears
+from ..models.fused_layer import fuse_decoder_layers
 from ..quant import quantize_model
 
 
@@ -62,6 +66,7 @@ def model_for_engine(model: nn.Module, device: torch.device, dtype: torch.dtype,
         own = own.to(device=device, dtype=dtype)
         if device.type == "cpu":
             own.use_column_major_weights()
+    fuse_decoder_layers(own)
     if device.type == "cpu":
         use_panel_linears(own)
     if quantization is not None:

@@ -33,7 +33,7 @@ from ..utils import cdiv
 
 from ..attention.core import causal_mask, masked_attention
 from ..attention.paged import PagedStep
-from ..kv.paged_cache import PagedKVCache
+from ..kv.paged_cache import PagedKVCache, plain_caches
 
 
 def bucket_sizes(max_num_seqs: int) -> list[int]:
@@ -88,6 +88,12 @@ class DecodeKV:
 
     def attend(self, layer_idx: int, q, k, v):
         self.write(self.k[layer_idx], self.v[layer_idx], k, v, self.step.slot_mapping)
+        return self.attention(q, self.k[layer_idx], self.v[layer_idx], self.step)
+
+    def plain_caches(self, layer_idx: int):
+        return plain_caches(self.write, self.k[layer_idx], self.v[layer_idx], self.step)
+
+    def attend_stored(self, layer_idx: int, q):
         return self.attention(q, self.k[layer_idx], self.v[layer_idx], self.step)
 
 

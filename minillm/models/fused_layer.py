@@ -1,0 +1,120 @@
+"""The decoder layer an engine runs: llama.py's layer with fewer, fatter calls.
+
+llama.py writes a layer the way the architecture diagram draws it: q, k and v as three
+projections, gate and up as two, RMSNorm and RoPE as a handful of torch ops each. That is
+the lessons' view and it stays. At decode, though, a layer's work is small and each call
+has a fixed cost (Python, the op dispatcher, an OpenMP region): 7 linears and ~40 other ops
+a layer, 30 layers, is ~1,500 calls a step, where a batch-1 step of SmolLM2 moves only a few
+milliseconds' worth of weights. So the engine's own model (runner/engine_model.py) swaps each
+`DecoderLayer` for a `FusedDecoderLayer` holding the same weights:
+
+  - `qkv_proj`: q, k and v stacked into one [(H + 2 Hkv) Dh, hidden] linear, split by name
+    after the matmul; `gate_up_proj`: gate and up as one [2 I, hidden] linear. Every output
+    column is still its own weight row's dot product, so quantizing the stacked weight (per
+    output channel, or per group of inputs within a row) gives the same numbers as
+    quantizing each piece: int8, int4 and w4a8 are unchanged, and the C kernels see wider,
+    fewer matmuls.
+  - RMSNorm, the residual add + RMSNorm, and RoPE + the K/V write as one C call each
+    (fused_ops.c) in eager CPU float32 steps; the torch ops otherwise (and inside
+    torch.compile, which fuses them itself).
+
+The result is the same computation: RoPE bit for bit, the norms up to the order of a sum
+(float rounding), the projections up to which kernel runs a matmul. Layers this cannot
+fuse (a learner's sharding, a projection already replaced) stay as they are.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import fused_ops
+from .cpu_linear import PanelLinear
+from .llama import DecoderLayer, apply_rope
+
+
+def stack_linears(linears: list[nn.Module]) -> nn.Linear:
+    """One nn.Linear whose output is the given linears' outputs side by side (a copy of their weights)."""
+    first = linears[0]
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    stacked = nn.Linear(first.in_features, weight.shape[0], bias=first.bias is not None,
+                        device="meta", dtype=weight.dtype)
+    stacked.weight = nn.Parameter(weight.t().contiguous().t() if weight.device.type == "cpu" else weight,
+                                  requires_grad=False)       # CPU: column-major, as llama.py lays float weights
+    if first.bias is not None:
+        stacked.bias = nn.Parameter(torch.cat([lin.bias.detach() for lin in linears]), requires_grad=False)
+    return stacked
+
+
+def can_fuse(layer: nn.Module) -> bool:
+    """A plain llama.py layer whose projections are still float linears (nn.Linear, or PanelLinear,
+    which load_model puts in place of the large ones on CPU), biases alike."""
+    if type(layer) is not DecoderLayer:
+        return False
+    attn, mlp = layer.self_attn, layer.mlp
+    groups = [(attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj)]
+    return all(type(lin) in (nn.Linear, PanelLinear) and (lin.bias is None) == (group[0].bias is None)
+               and lin.weight.dtype == group[0].weight.dtype and lin.weight.device == group[0].weight.device
+               for group in groups for lin in group)
+
+
+class FusedDecoderLayer(nn.Module):
+    """DecoderLayer's forward (x, cos, sin, kv) -> x, with q/k/v and gate/up stacked (module doc)."""
+
+    def __init__(self, layer: DecoderLayer):
+        super().__init__()
+        attn, mlp = layer.self_attn, layer.mlp
+        self.layer_idx = attn.layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
+        self.input_layernorm, self.post_attention_layernorm = layer.input_layernorm, layer.post_attention_layernorm
+        self.qkv_proj = stack_linears([attn.q_proj, attn.k_proj, attn.v_proj])
+        self.o_proj = attn.o_proj
+        if hasattr(attn, "q_norm"):
+            self.q_norm, self.k_norm = attn.q_norm, attn.k_norm
+        self.gate_up_proj = stack_linears([mlp.gate_proj, mlp.up_proj])
+        self.down_proj = mlp.down_proj
+        self.intermediate_size = mlp.gate_proj.out_features
+
+    @staticmethod
+    def norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+        out = fused_ops.rms_norm(x, norm.weight, norm.eps)
+        return norm(x) if out is None else out
+
+    def attention(self, x: torch.Tensor, cos, sin, kv) -> torch.Tensor:
+        n = x.shape[0]
+        qkv = self.qkv_proj(x)
+        caches = None if hasattr(self, "q_norm") else getattr(kv, "plain_caches", lambda i: None)(self.layer_idx)
+        q = None if caches is None else fused_ops.rope_write_kv(
+            qkv, cos.reshape(n, -1), sin.reshape(n, -1), *caches, self.num_heads, self.num_kv_heads)
+        if q is not None:                                   # K/V rotated and stored: attention only
+            out = kv.attend_stored(self.layer_idx, q)
+        else:
+            d = self.head_dim
+            q, k, v = qkv.split([self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d], dim=-1)
+            q, k, v = q.view(n, -1, d), k.view(n, -1, d), v.view(n, -1, d)
+            if hasattr(self, "q_norm"):
+                q, k = self.q_norm(q), self.k_norm(k)
+            out = kv.attend(self.layer_idx, apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)
+        return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+    def forward(self, x, cos, sin, kv):
+        attended = self.attention(self.norm(x, self.input_layernorm), cos, sin, kv)
+        post = self.post_attention_layernorm
+        fused = fused_ops.add_rms_norm(x, attended, post.weight, post.eps)
+        x, h = fused if fused is not None else (x + attended, None)
+        return x + self.mlp(post(x) if h is None else h)
+
+
+def fuse_decoder_layers(model: nn.Module) -> int:
+    """Swap every fusable DecoderLayer of `model` for a FusedDecoderLayer, in place. Returns how many."""
+    layers = model.model.layers
+    count = 0
+    for i, layer in enumerate(layers):
+        if can_fuse(layer):
+            layers[i] = FusedDecoderLayer(layer)
+            count += 1
+    return count

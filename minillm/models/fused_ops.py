@@ -1,0 +1,72 @@
+"""fused_ops.c from Python: RMSNorm, residual add + RMSNorm, and RoPE + K/V write, one C call each.
+
+Why: at decode a layer's elementwise work is tiny and its cost is the torch ops' dispatch
+(RMSNorm alone is 7 ops, RoPE on q and k with the K/V write 16). `fused_layer.py` calls
+these in eager CPU float32 steps; anywhere else (CUDA, other dtypes, no C compiler, inside
+torch.compile, which fuses the same ops into its own loops) it runs the torch ops.
+
+Each wrapper returns None when the kernel cannot take the inputs, and the caller then takes
+the torch road, so a failed build never changes what the model computes.
+"""
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+
+from ..utils.c_kernels import FLOAT, INT, PTR, CKernel
+
+KERNEL = CKernel(Path(__file__).with_name("fused_ops.c"), {
+    "rms_norm": ([PTR, PTR, INT, INT, FLOAT, INT, PTR], None),
+    "add_rms_norm": ([PTR, PTR, PTR, INT, INT, FLOAT, INT, PTR, PTR], None),
+    "rope_write_kv": ([PTR] * 6 + [ctypes.c_int64] + [INT] * 5 + [PTR], INT),
+})
+__getattr__ = KERNEL.module_getattr(__name__)     # fused_ops.load_error: why it did not build
+
+
+def usable(*tensors: torch.Tensor) -> bool:
+    """The kernels read contiguous float32 CPU memory, eagerly (torch.compile fuses on its own)."""
+    return (not torch.compiler.is_compiling() and KERNEL.load() is not None
+            and all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous() for t in tensors))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
+    """RMSNorm of x [..., D] by weight [D], or None (module doc)."""
+    if not usable(x, weight):
+        return None
+    out = torch.empty_like(x)
+    d = x.shape[-1]
+    KERNEL.load().rms_norm(x.data_ptr(), weight.data_ptr(), x.numel() // d, d, eps, torch.get_num_threads(),
+                           out.data_ptr())
+    return out
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float):
+    """(x + delta, RMSNorm(x + delta)) in one pass, or None (module doc)."""
+    if not usable(x, delta, weight) or x.shape != delta.shape:
+        return None
+    total, out = torch.empty_like(x), torch.empty_like(x)
+    d = x.shape[-1]
+    KERNEL.load().add_rms_norm(x.data_ptr(), delta.data_ptr(), weight.data_ptr(), x.numel() // d, d, eps,
+                               torch.get_num_threads(), total.data_ptr(), out.data_ptr())
+    return total, out
+
+
+def rope_write_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                  v_cache: torch.Tensor, slots: torch.Tensor, num_heads: int, num_kv_heads: int):
+    """Rotated q [N, H, Dh] from the fused projection's qkv [N, (H + 2 Hkv) Dh], with rotated k
+    and v written to their slots of the [blocks, block_size, Hkv, Dh] caches; or None."""
+    head_dim = k_cache.shape[-1]
+    if not (usable(qkv, cos, sin, k_cache, v_cache) and slots.dtype == torch.long and slots.is_contiguous()
+            and k_cache.shape == v_cache.shape and k_cache.shape[-2] == num_kv_heads
+            and cos.shape[-1] == head_dim and qkv.shape[-1] == (num_heads + 2 * num_kv_heads) * head_dim):
+        return None
+    n = qkv.shape[0]
+    q = qkv.new_empty(n, num_heads, head_dim)
+    num_slots = k_cache.numel() // (num_kv_heads * head_dim)
+    if KERNEL.load().rope_write_kv(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(),
+                                   v_cache.data_ptr(), slots.data_ptr(), num_slots, n, num_heads, num_kv_heads,
+                                   head_dim, torch.get_num_threads(), q.data_ptr()):
+        raise IndexError(f"rope_write_kv: a slot of {slots.tolist()} is outside the cache's {num_slots} slots")
+    return q
