@@ -59,7 +59,8 @@ def test_quick_run_without_llama_cpp_hints_and_still_measures_every_row(tmp_path
                 "--decode-tokens", "8", "--num-prompts", "4", "--max-num-seqs", "2", "--json", str(out)]) == 0
     assert LLAMA_CPP_HINT in capsys.readouterr().out
     report = json.loads(out.read_text())
-    for key in ("batch1_decode_tok_s", "throughput_tok_s", "bandwidth_floor_tok_s", "weight_bytes_per_step"):
+    for key in ("batch1_decode_tok_s", "throughput_tok_s", "bandwidth_floor_tok_s", "weight_bytes_per_step",
+                "prefill_tok_s", "ttft_s"):
         assert set(report[key]) == set(ROWS), key
         assert all(v["total"] > 0 if isinstance(v, dict) else v > 0 for v in report[key].values()), key
     bandwidth = report["machine"]["read_bandwidth_bytes_per_s"]
@@ -73,3 +74,6 @@ def test_quick_run_without_llama_cpp_hints_and_still_measures_every_row(tmp_path
     assert b["w4a8"] == b["int4"]                                 # the same stored weights
     assert report["machine"]["llama_cpp_python"] is None and LLAMA_CPP_HINT in report["notes"]
     assert report["settings"]["engine_options"]["max_num_seqs"] == 2
+    assert report["settings"]["prefill_tokens"] == 512 and report["settings"]["llama_cpp_throughput"] is None
+    for row in ROWS:                                              # one 512-token prompt to its first token
+        assert report["prefill_tok_s"][row] == pytest.approx(512 / report["ttft_s"][row])

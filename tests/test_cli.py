@@ -37,7 +37,7 @@ def test_bench_throughput_quick_writes_json(tmp_path):
     assert r.returncode == 0, r.stderr
     report = json.loads(out.read_text())
     names = [x["name"] for x in report["results"]]
-    assert names[0] == "minillm" and any("transformers" in n for n in names)
+    assert names[0] == "minillm float32" and any("transformers" in n for n in names)
     useful = {x["output_tokens"] for x in report["results"]}
     assert len(useful) == 1                       # everyone produced the same useful tokens
     assert report["ratio"] > 0

