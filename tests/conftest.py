@@ -53,18 +53,18 @@ PROMPTS = [
 
 
 def run_without_a_compiler(script: str, cache) -> list[str]:
-    """Run `script` in a fresh Python whose C compiler is `false` and whose minillm cache holds
-    no compiled kernel, as on a machine with no compiler; return its stdout lines (fails on a
-    crash). The cache does hold the converted embedded model (a link to this machine's, when it
-    has one): the tokenizer comes from it, and converting the GGUF again would take a minute
-    and prove nothing about compilers."""
+    """Run `script` in a fresh Python whose C and C++ compilers are `false` and whose minillm
+    cache holds no compiled kernel, as on a machine with no compiler; return its stdout lines
+    (fails on a crash). The cache does hold the converted embedded model (a link to this
+    machine's, when it has one): the tokenizer comes from it, and converting the GGUF again
+    would take a minute and prove nothing about compilers."""
     from minillm.models.embedded import EMBEDDED_NAME, embedded_checkpoint_dir
     cache = Path(cache)
     cache.mkdir(parents=True, exist_ok=True)
     converted = embedded_checkpoint_dir()
     if converted is not None and not (cache / EMBEDDED_NAME).exists():
         (cache / EMBEDDED_NAME).symlink_to(converted.resolve(), target_is_directory=True)
-    env = dict(os.environ, CC="false", MINILLM_CACHE=str(cache))
+    env = dict(os.environ, CC="false", CXX="false", MINILLM_CACHE=str(cache))
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     return out.stdout.splitlines()

@@ -11,8 +11,10 @@ Prefill chunks still go through the reference (gather + SDPA): there the work is
 matmul-shaped and SDPA's blocked kernel beats a per-query loop.
 
 The C file is compiled once with the system C compiler (`cc`, or $CC) into the
-minillm cache and loaded with ctypes (`minillm/utils/c_kernels.py`). No compiler, or not float32 on CPU: the
-engine uses the torch reference, which gives the same tokens.
+minillm cache and loaded with ctypes (`minillm/utils/c_kernels.py`); it is called as the op
+`torch.ops.minillm.paged_decode_attention`, whose CPU kernel is C++ where that builds
+(utils/native_ops.py: 4.9 vs 11.5 us a tiny call, quant/speed.py), else by ctypes. No compiler,
+or not float32 on CPU: the engine uses the torch reference, which gives the same tokens.
 """
 from __future__ import annotations
 
@@ -40,7 +42,8 @@ def kernel_available() -> bool:
 
 
 def run_kernel(kernel, q, k_cache, v_cache, block_tables, positions) -> torch.Tensor:
-    """Call the C kernel: one query per row b, reading block-table row b up to positions[b]."""
+    """Call the C kernel with ctypes (the op's fallback where its C++ wrapper is not built): one
+    query per row b, reading block-table row b up to positions[b]."""
     q, tables, positions = q.contiguous(), block_tables.contiguous(), positions.contiguous()
     out = torch.empty_like(q)
     _, block_size, num_kv_heads, head_dim = k_cache.shape
@@ -54,10 +57,19 @@ def run_kernel(kernel, q, k_cache, v_cache, block_tables, positions) -> torch.Te
 
 # The kernel as a torch op, `torch.ops.minillm.paged_decode_attention(q, k_cache, v_cache,
 # block_tables, positions)`, so a compiled decode step keeps it in its graph (one node per layer).
+# Its CPU kernel is torch_ops.cpp's wrapper once KERNEL loads (utils/native_ops.py), else run_kernel.
 define_op("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
           "Tensor positions) -> Tensor",
           lambda q, k, v, tables, positions: run_kernel(load_kernel(), q, k, v, tables, positions),
-          lambda q, k, v, tables, positions: torch.empty_like(q))
+          lambda q, k, v, tables, positions: torch.empty_like(q), KERNEL, "paged_attention")
+
+
+def attend(q, k_cache, v_cache, block_tables, positions) -> torch.Tensor:
+    """The kernel, eager: the C++ op where it is built (a cheaper call than ctypes: quant/speed.py's
+    per-call figures), else ctypes; always the op while compiling (one graph node)."""
+    if KERNEL.native or torch.compiler.is_compiling():
+        return torch.ops.minillm.paged_decode_attention(q, k_cache, v_cache, block_tables, positions)
+    return run_kernel(load_kernel(), q, k_cache, v_cache, block_tables, positions)
 
 
 class CPUPagedAttention(TorchPagedAttention):
@@ -83,19 +95,16 @@ class CPUPagedAttention(TorchPagedAttention):
         return None
 
     def fixed_shape_decode(self, device, dtype):
-        """The kernel as a torch op while compiling (one graph node), called directly when eager
-        (the op's dispatch costs more than the call); float32 on CPU only."""
+        """The kernel as a torch op while compiling (one graph node), `attend` when eager; float32
+        on CPU only."""
         if device.type != "cpu" or dtype != torch.float32:
             return None
 
         def cpu_kernel_decode(q, k_cache, v_cache, step):
-            if torch.compiler.is_compiling():
-                return torch.ops.minillm.paged_decode_attention(q, k_cache, v_cache, step.block_tables,
-                                                                step.positions)
-            return run_kernel(self.kernel, q, k_cache, v_cache, step.block_tables, step.positions)
+            return attend(q, k_cache, v_cache, step.block_tables, step.positions)
         return cpu_kernel_decode
 
     def decode(self, q, k_cache, v_cache, block_tables, positions):
         if not self.kernel_reads(q, k_cache, v_cache):
             return super().decode(q, k_cache, v_cache, block_tables, positions)
-        return run_kernel(self.kernel, q, k_cache, v_cache, block_tables, positions)
+        return attend(q, k_cache, v_cache, block_tables, positions)

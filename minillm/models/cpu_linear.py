@@ -9,7 +9,9 @@ next to this one.
 `PanelLinear` holds an nn.Linear's own weight and bias (same state dict) plus a second,
 packed copy of the weight, used when the batch is small, float32 and on the CPU; anything
 else (prefill chunks, CUDA, other dtypes, no C compiler) goes to F.linear. Writing to the
-weight (load_state_dict, an in-place edit) repacks the copy on the next call.
+weight (load_state_dict, an in-place edit) repacks the copy on the next call. The kernel is
+called as `torch.ops.minillm.panel_linear`, whose CPU kernel is C++ once built (utils/native_ops.py:
+a cheaper call, 4.9 vs 10.8 us on a tiny layer, quant/speed.py), by ctypes where it is not.
 
 The panel layout (`PANEL`, `to_panels`) is also the one of quant/'s int8, int4 and w4a8 kernels.
 """
@@ -77,18 +79,20 @@ class PanelLinear(nn.Module):
                  and x.device.type == "cpu" and self.panels.device.type == "cpu")
         if not small:
             return F.linear(x, self.weight, self.bias)
-        if torch.compiler.is_compiling():     # a compiled decode step: the kernel as one graph node
-            y = torch.ops.minillm.panel_linear(x, self.panels)   # (weights are fixed while serving)
+        compiling = torch.compiler.is_compiling()       # (weights are fixed while serving compiled)
+        if not compiling and self._weight_identity() != self.packed_from:
+            self.panels = to_panels(self.weight)
+            self.packed_from = self._weight_identity()
+        if compiling or KERNEL.native:
+            y = torch.ops.minillm.panel_linear(x, self.panels)     # one graph node; eager: the C++ op
         else:
-            if self._weight_identity() != self.packed_from:
-                self.panels = to_panels(self.weight)
-                self.packed_from = self._weight_identity()
-            y = run_kernel(self.kernel, x, self.panels)
+            y = run_kernel(self.kernel, x, self.panels)             # ctypes (no C++ compiler)
         return y if self.bias is None else y + self.bias
 
 
 def run_kernel(kernel, x: torch.Tensor, panels: torch.Tensor) -> torch.Tensor:
-    """y = x W^T with W packed in panels [N / PANEL, K, PANEL]."""
+    """y = x W^T with W packed in panels [N / PANEL, K, PANEL], by `kernel` (the ctypes function):
+    the op's fallback where its C++ wrapper is not built."""
     x = x.contiguous()
     y = torch.empty(x.shape[0], panels.shape[0] * PANEL, dtype=x.dtype)
     kernel(x.data_ptr(), x.shape[0], x.shape[1], panels.data_ptr(), y.shape[1], y.data_ptr(),
@@ -96,9 +100,10 @@ def run_kernel(kernel, x: torch.Tensor, panels: torch.Tensor) -> torch.Tensor:
     return y
 
 
-# A torch op, so a compiled decode step (compiled_decode.py) keeps the kernel in its graph.
+# A torch op, so a compiled decode step (compiled_decode.py) keeps the kernel in its graph; its CPU
+# kernel is torch_ops.cpp's wrapper once KERNEL loads (utils/native_ops.py), else run_kernel.
 define_op("panel_linear(Tensor x, Tensor panels) -> Tensor",
-          lambda x, panels: run_kernel(load_kernel(), x, panels), panel_output)
+          lambda x, panels: run_kernel(load_kernel(), x, panels), panel_output, KERNEL, "small_batch_linear")
 
 
 def use_panel_linears(model: nn.Module) -> int:

@@ -35,6 +35,25 @@ the ratios mean anything; re-measure on a quiet machine):
     faster 4-bit kernel: w4a8.py's docstring has its figures (quiet machine, 4.4x int4 at 8 rows).
   - the dequantize-then-F.linear reference (int8-ref, int4-ref) is 2-10x slower than float32 at
     every size: it reads the int weights AND writes and reads a float copy each call.
+
+Per-call cost of the C kernels (`--per-call`): each op at batch 1 on a tiny call (linear 64 ->
+32, attention over 4 tokens: the call's overhead, not its arithmetic) and on SmolLM2's shapes
+(the 576 x 576 q projection; attention: 9 heads over 3 KV heads of 64, 128 cached tokens),
+called eagerly by ctypes (the fallback: Python makes the output, reads data_ptr()s, converts
+every argument) and as the torch op whose CPU kernel is the C++ wrapper (utils/torch_ops.cpp).
+Median of 5 rounds of 2000 calls, us, 1 thread, inference_mode; ROUGH: the 2-core EPYC had a
+load average of 4-5 from other jobs (a second run moved single cells by up to 2x).
+    op                        tiny: ctypes   C++ op     SmolLM2: ctypes   C++ op
+    panel_linear                   10.8       4.9                87.2       82.4
+    int8_linear                     8.1       4.5                47.4       44.7
+    int4_linear                     8.3       7.0                47.7       47.2
+    w4a8_linear                    11.2       7.1                20.7       16.6
+    paged_decode_attention         11.5       4.9                57.9       63.1
+The op was the cheaper call for every kernel in both runs at the tiny size (by 1.3-6.6 us);
+at SmolLM2's sizes the kernel's own time dominates and the machine's noise hides the few us.
+So the eager wrappers call the op where it is built. Inside a compiled graph (50 chained
+int8_linear calls, 64 x 64, same machine) a call took 11.3 us with the op's Python+ctypes
+kernel (MINILLM_NO_CPP_OPS=1) and 5.4 us with the C++ one.
 """
 from __future__ import annotations
 
@@ -136,14 +155,75 @@ def measure(methods=tuple(METHODS), rows=ROWS, repeats: int = 5) -> dict:
     return results
 
 
+SMOLLM2_CALL = ((576, 576), (9, 3, 64, 128))   # q projection; attention heads, KV heads, head dim, tokens
+TINY_CALL = ((64, 32), (1, 1, 16, 4))          # so small that a call's time is its overhead
+
+
+def op_cases(rows: int = 1, linear_shape=SMOLLM2_CALL[0], attention_shape=SMOLLM2_CALL[1]) -> dict:
+    """{op name: (its ctypes call, the op, the arguments)} for each C kernel, random data: linears
+    (in, out), paged attention `rows` queries of (heads, KV heads, head dim, cached tokens)."""
+    from ..attention import cpu_paged
+    from ..models.cpu_linear import load_kernel, run_kernel, to_panels
+    from . import kernels, w4a8
+    torch.manual_seed(0)
+    (in_features, out_features), (heads, kv_heads, head_dim, tokens) = linear_shape, attention_shape
+    linear = nn.Linear(in_features, out_features, bias=False)
+    x = torch.randn(rows, in_features)
+    i8, i4, wa = (Int8Linear.from_linear(linear), Int4Linear.from_linear(linear, group_size=32),
+                  W4A8Linear.from_linear(linear, group_size=32))
+    blocks = -(-tokens // 16)
+    q, (k_cache, v_cache) = torch.randn(rows, heads, head_dim), torch.randn(2, blocks, 16, kv_heads, head_dim)
+    tables, positions = torch.arange(blocks).repeat(rows, 1), torch.full((rows,), tokens - 1)
+    ops = torch.ops.minillm
+    return {
+        "panel_linear": (lambda *a: run_kernel(load_kernel(), *a), ops.panel_linear, (x, to_panels(linear.weight))),
+        "int8_linear": (kernels.int8_ctypes, ops.int8_linear, (x, i8.panels, i8.scale.float())),
+        "int4_linear": (kernels.int4_ctypes, ops.int4_linear,
+                        (x, i4.panels, i4.scale_panels, i4.minimum_panels, 32)),
+        "w4a8_linear": (w4a8.w4a8_ctypes, ops.w4a8_linear, (x, wa.panels, wa.scale_panels, wa.minimum_panels, 32)),
+        "paged_decode_attention": (lambda *a: cpu_paged.run_kernel(cpu_paged.load_kernel(), *a),
+                                   ops.paged_decode_attention, (q, k_cache, v_cache, tables, positions)),
+    }
+
+
+@torch.inference_mode()
+def per_call_us(calls=(TINY_CALL, SMOLLM2_CALL), repeats: int = 2000) -> dict:
+    """{(op, "tiny" | "SmolLM2"): (us a call by ctypes, us by the op)} at batch 1: median of 5 rounds."""
+    results = {}
+    for name, shapes in zip(("tiny", "SmolLM2"), calls):
+        for op, (by_ctypes, by_op, args) in op_cases(1, *shapes).items():
+            results[op, name] = tuple(1e3 * time_ms(lambda: [fn(*args) for _ in range(repeats)], 5) / repeats
+                                       for fn in (by_ctypes, by_op))
+    return results
+
+
+def print_per_call() -> None:
+    from ..utils import native_ops
+    from . import kernels
+    if kernels.load_kernels() is None:
+        return print(f"no C kernels here: {kernels.load_error}")
+    if not native_ops.load():
+        print(f"the C++ ops are not built ({native_ops.load_error}): the 'C++ op' column is the Python op")
+    results = per_call_us()
+    print(f"us per call at batch 1 ({torch.get_num_threads()} threads): ctypes | C++ op; tiny: {TINY_CALL}, "
+          f"SmolLM2: {SMOLLM2_CALL} (linear in, out; attention heads, KV heads, head dim, tokens)")
+    print(f"{'op':<24}{'tiny':>22}{'SmolLM2':>22}")
+    for op in dict.fromkeys(op for op, _ in results):
+        print(f"{op:<24}" + "".join(f"{results[op, s][0]:>12.1f} |{results[op, s][1]:>8.1f}"
+                                    for s in ("tiny", "SmolLM2")))
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--methods", nargs="*", default=list(METHODS), choices=list(METHODS))
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--per-call", action="store_true", help="only the C kernels' per-call cost, ctypes vs C++ op")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.per_call:
+        return print_per_call()
     results = measure(args.methods, repeats=args.repeats)
     print(f"ms per step, {NUM_LAYERS} layers | output head ({torch.get_num_threads()} threads)")
     print(f"{'method':<10}" + "".join(f"{f'{m} rows':>22}" for m in ROWS))

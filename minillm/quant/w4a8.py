@@ -33,6 +33,8 @@ AMD EPYC with AVX-512 VNNI; 210 distinct layers of SmolLM2-135M's shapes, ms per
 At one row and two threads both are bound by what is not arithmetic: ~18 us per call of
 overhead (Python, the op dispatcher, ctypes, OpenMP's fork) times 210 calls, and DRAM. torch's
 own int4 CPU op takes a scalar path with float32 activations (speed.py: 5.3 ms for ONE layer).
+Since these figures the op's CPU kernel is C++ (utils/native_ops.py): a tiny call costs 7.1 us
+instead of 11.2 by ctypes (speed.py --per-call, rough).
 """
 from __future__ import annotations
 
@@ -70,9 +72,16 @@ def pack_w4a8_panels(codes: torch.Tensor) -> torch.Tensor:
 
 def w4a8_matmul(x: torch.Tensor, panels: torch.Tensor, scale_panels: torch.Tensor,
                 minimum_panels: torch.Tensor, group_size: int, lib=None) -> torch.Tensor:
-    """x float32 [M, K] contiguous -> [M, N] via w4a8_linear (a torch op inside torch.compile)."""
-    if torch.compiler.is_compiling():
+    """x float32 [M, K] -> [M, N] via w4a8_linear: the C++ op where it is built (and while
+    compiling), else ctypes; `lib` (a build such as the portable one): ctypes into that library."""
+    if lib is None and (KERNEL.native or torch.compiler.is_compiling()):
         return torch.ops.minillm.w4a8_linear(x, panels, scale_panels, minimum_panels, group_size)
+    return w4a8_ctypes(x, panels, scale_panels, minimum_panels, group_size, lib)
+
+
+def w4a8_ctypes(x: torch.Tensor, panels: torch.Tensor, scale_panels: torch.Tensor,
+                minimum_panels: torch.Tensor, group_size: int, lib=None) -> torch.Tensor:
+    """w4a8_linear called with ctypes: the op's Python fallback where its C++ wrapper is not built."""
     m, k = x.shape
     if x.dtype != torch.float32 or k % group_size or group_size % ACTIVATION_BLOCK:
         raise ValueError(f"w4a8_linear takes float32 [M, K] with K a multiple of group_size and group_size "
@@ -87,9 +96,10 @@ def w4a8_matmul(x: torch.Tensor, panels: torch.Tensor, scale_panels: torch.Tenso
     return y
 
 
-# A torch op, so a compiled decode step (compiled_decode.py) keeps the kernel in its graph.
+# A torch op, so a compiled decode step (compiled_decode.py) keeps the kernel in its graph; its CPU
+# kernel is torch_ops.cpp's wrapper once KERNEL loads (utils/native_ops.py), else w4a8_ctypes.
 define_op("w4a8_linear(Tensor x, Tensor panels, Tensor scale_panels, Tensor minimum_panels, int group_size) "
-          "-> Tensor", w4a8_matmul, panel_output)
+          "-> Tensor", w4a8_ctypes, panel_output, KERNEL, "w4a8_linear")
 
 
 class W4A8Linear(Int4Linear):

@@ -1,0 +1,201 @@
+// The C kernels as native torch ops: a thin C++ wrapper per kernel (read native_ops.py first).
+//
+// Each wrapper checks its tensors (dtype, shape, device, contiguity: a wrong one would make the
+// C code read out of bounds), allocates the output and calls the C function through a pointer.
+// The C files stay as they are, compiled by CKernel into their own libraries; Python hands this
+// file their functions' addresses (set_kernel), and only then is the wrapper registered as the
+// CPU kernel of `minillm::<op>`. So this file is compiled once per torch version, whatever the
+// C kernels' flags, and an op whose C kernel did not build keeps its Python+ctypes fallback.
+//
+// Adding a kernel: its C signature as a pointer type, a wrapper named like the op, and one
+// line in KERNELS below.
+#include <ATen/EmptyTensor.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int64_t PANEL = 32;   // output columns per panel (cpu_linear.py's PANEL)
+
+void check(const at::Tensor& t, const char* op, const char* name, at::ScalarType dtype, int64_t dim) {
+  TORCH_CHECK_VALUE(t.device().is_cpu() && t.scalar_type() == dtype && t.dim() == dim, "minillm::", op,
+                    ": ", name, " must be a ", dim, "-d ", dtype, " CPU tensor, got ", t.dim(), "-d ",
+                    t.scalar_type(), " on ", t.device());
+}
+
+// A weight is packed once (to_panels): contiguous, its sizes those of the layout named in `layout`.
+void check_weight(const at::Tensor& t, const char* op, const char* name, at::ScalarType dtype,
+                  std::vector<int64_t> sizes, const char* layout) {
+  check(t, op, name, dtype, static_cast<int64_t>(sizes.size()));
+  TORCH_CHECK_VALUE(t.sizes() == at::IntArrayRef(sizes), "minillm::", op, ": ", name, " must be ", layout,
+                    " = ", at::IntArrayRef(sizes), ", got ", t.sizes());
+  TORCH_CHECK_VALUE(t.is_contiguous(), "minillm::", op, ": ", name, " must be contiguous");
+}
+
+at::Tensor empty(int64_t rows, int64_t cols) {
+  return at::detail::empty_cpu({rows, cols}, at::kFloat);
+}
+
+// ---- panel_linear: y = x W^T, W float32 in panels (models/small_batch_linear.c) ----
+using PanelLinearC = void (*)(const float*, int, int, const float*, int, float*, int);
+PanelLinearC panel_linear_c = nullptr;
+
+at::Tensor panel_linear(const at::Tensor& x_, const at::Tensor& panels) {
+  check(x_, "panel_linear", "x", at::kFloat, 2);
+  auto x = x_.contiguous();
+  const int64_t m = x.size(0), k = x.size(1), n = panels.size(0) * PANEL;
+  check_weight(panels, "panel_linear", "panels", at::kFloat, {n / PANEL, k, PANEL}, "[N / 32, K, 32]");
+  auto y = empty(m, n);
+  panel_linear_c(x.const_data_ptr<float>(), m, k, panels.const_data_ptr<float>(), n,
+                 y.mutable_data_ptr<float>(), at::get_num_threads());
+  return y;
+}
+
+// ---- int8_linear: int8 weights in panels, one scale per output (quant/quantized_linear.c) ----
+using Int8LinearC = void (*)(const float*, int, int, const int8_t*, const float*, int, float*, int);
+Int8LinearC int8_linear_c = nullptr;
+
+at::Tensor int8_linear(const at::Tensor& x_, const at::Tensor& panels, const at::Tensor& scale) {
+  check(x_, "int8_linear", "x", at::kFloat, 2);
+  auto x = x_.contiguous();
+  const int64_t m = x.size(0), k = x.size(1), n = panels.size(0) * PANEL;
+  check_weight(panels, "int8_linear", "panels", at::kChar, {n / PANEL, k, PANEL}, "[N / 32, K, 32]");
+  check_weight(scale, "int8_linear", "scale", at::kFloat, {n}, "[N]");
+  auto y = empty(m, n);
+  int8_linear_c(x.const_data_ptr<float>(), m, k, panels.const_data_ptr<int8_t>(),
+                scale.const_data_ptr<float>(), n, y.mutable_data_ptr<float>(), at::get_num_threads());
+  return y;
+}
+
+// ---- int4_linear and w4a8_linear: int4 codes, a scale and a minimum per group of inputs ----
+using Int4LinearC = void (*)(const float*, int, int, const uint8_t*, const float*, const float*, int, int,
+                             float*, int);
+using W4A8LinearC = int (*)(const float*, int, int, const uint8_t*, const float*, const float*, int, int,
+                            float*, int);
+Int4LinearC int4_linear_c = nullptr;
+W4A8LinearC w4a8_linear_c = nullptr;
+
+// The shared checks; returns x contiguous. w4a8 packs 8 inputs in [.., 4] bytes, int4 2 in one.
+at::Tensor check_int4(const char* op, const at::Tensor& x_, const at::Tensor& panels, const at::Tensor& sp,
+                      const at::Tensor& mp, int64_t g, bool w4a8) {
+  const bool x_ok = x_.device().is_cpu() && x_.scalar_type() == at::kFloat && x_.dim() == 2;
+  const int64_t k = x_ok ? x_.size(1) : 0, n = panels.size(0) * PANEL;
+  TORCH_CHECK_VALUE(x_ok && g > 0 && k % g == 0 && g % (w4a8 ? 32 : 2) == 0, "minillm::", op, " takes float32 ",
+                    "[M, K] on CPU with K a multiple of group_size",
+                    w4a8 ? " and group_size of 32" : " and group_size even",
+                    "; got ", x_.scalar_type(), " ", x_.sizes(), " on ", x_.device(), ", group_size ", g);
+  if (w4a8)
+    check_weight(panels, op, "panels", at::kByte, {n / PANEL, k / 8, PANEL, 4}, "[N / 32, K / 8, 32, 4]");
+  else
+    check_weight(panels, op, "panels", at::kByte, {n / PANEL, k / 2, PANEL}, "[N / 32, K / 2, 32]");
+  check_weight(sp, op, "scale_panels", at::kFloat, {n / PANEL, k / g, PANEL}, "[N / 32, K / group_size, 32]");
+  check_weight(mp, op, "minimum_panels", at::kFloat, {n / PANEL, k / g, PANEL}, "[N / 32, K / group_size, 32]");
+  return x_.contiguous();
+}
+
+at::Tensor int4_linear(const at::Tensor& x_, const at::Tensor& panels, const at::Tensor& sp,
+                       const at::Tensor& mp, int64_t group_size) {
+  auto x = check_int4("int4_linear", x_, panels, sp, mp, group_size, false);
+  const int64_t m = x.size(0), k = x.size(1), n = panels.size(0) * PANEL;
+  auto y = empty(m, n);
+  int4_linear_c(x.const_data_ptr<float>(), m, k, panels.const_data_ptr<uint8_t>(), sp.const_data_ptr<float>(),
+                mp.const_data_ptr<float>(), group_size, n, y.mutable_data_ptr<float>(), at::get_num_threads());
+  return y;
+}
+
+at::Tensor w4a8_linear(const at::Tensor& x_, const at::Tensor& panels, const at::Tensor& sp,
+                       const at::Tensor& mp, int64_t group_size) {
+  auto x = check_int4("w4a8_linear", x_, panels, sp, mp, group_size, true);
+  const int64_t m = x.size(0), k = x.size(1), n = panels.size(0) * PANEL;
+  auto y = empty(m, n);
+  const int failed = w4a8_linear_c(x.const_data_ptr<float>(), m, k, panels.const_data_ptr<uint8_t>(),
+                                   sp.const_data_ptr<float>(), mp.const_data_ptr<float>(), group_size, n,
+                                   y.mutable_data_ptr<float>(), at::get_num_threads());
+  TORCH_CHECK_WITH(OutOfMemoryError, !failed, "minillm::w4a8_linear could not allocate the int8 activations of a ",
+                   m, " x ", k, " input");
+  return y;
+}
+
+// ---- paged_decode_attention: one query per row, reading its blocks in place (paged_attention.c) ----
+using PagedAttentionC = int (*)(const float*, const float*, const float*, const int64_t*, const int64_t*, int,
+                                int, int, int, int, int, float, int, float*);
+PagedAttentionC paged_decode_attention_c = nullptr;
+
+at::Tensor paged_decode_attention(const at::Tensor& q_, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                  const at::Tensor& tables_, const at::Tensor& positions_) {
+  const char* op = "paged_decode_attention";
+  check(q_, op, "q", at::kFloat, 3);
+  check(k_cache, op, "k_cache", at::kFloat, 4);
+  const int64_t t = q_.size(0), h = q_.size(1), kv = k_cache.size(2), d = k_cache.size(3);
+  check_weight(k_cache, op, "k_cache", at::kFloat, k_cache.sizes().vec(), "[blocks, block_size, kv_heads, D]");
+  check_weight(v_cache, op, "v_cache", at::kFloat, k_cache.sizes().vec(), "k_cache's shape");
+  TORCH_CHECK_VALUE(q_.size(2) == d && h % kv == 0, "minillm::", op, ": q must be [tokens, heads, ", d,
+                    "] with heads a multiple of the cache's ", kv, " kv heads, got ", q_.sizes());
+  check(tables_, op, "block_tables", at::kLong, 2);
+  check(positions_, op, "positions", at::kLong, 1);
+  TORCH_CHECK_VALUE(tables_.size(0) == t && positions_.size(0) == t, "minillm::", op, ": block_tables and ",
+                    "positions need one row per query (", t, "), got ", tables_.sizes(), " and ", positions_.sizes());
+  auto q = q_.contiguous(), tables = tables_.contiguous(), positions = positions_.contiguous();
+  auto out = at::Tensor(at::detail::empty_cpu(q.sizes(), at::kFloat));
+  const int failed = paged_decode_attention_c(
+      q.const_data_ptr<float>(), k_cache.const_data_ptr<float>(), v_cache.const_data_ptr<float>(),
+      tables.const_data_ptr<int64_t>(), positions.const_data_ptr<int64_t>(), t, h, kv, d, k_cache.size(1),
+      tables.size(1), static_cast<float>(std::pow(static_cast<double>(d), -0.5)), at::get_num_threads(),
+      out.mutable_data_ptr<float>());
+  TORCH_CHECK_WITH(OutOfMemoryError, !failed, "minillm::paged_decode_attention: out of memory for its score buffers");
+  return out;
+}
+
+// ---- the table: op name, where its C function's address goes, how its wrapper is registered ----
+struct Kernel {
+  const char* op;
+  void** c_function;
+  void (*register_impl)(torch::Library&);
+};
+#define MINILLM_KERNEL(op) \
+  Kernel{#op, reinterpret_cast<void**>(&op##_c), [](torch::Library& lib) { lib.impl(#op, TORCH_FN(op)); }}
+const Kernel KERNELS[] = {
+    MINILLM_KERNEL(panel_linear),
+    MINILLM_KERNEL(int8_linear),
+    MINILLM_KERNEL(int4_linear),
+    MINILLM_KERNEL(w4a8_linear),
+    MINILLM_KERNEL(paged_decode_attention),
+};
+
+std::mutex registering;
+std::vector<std::unique_ptr<torch::Library>> registered;   // alive as long as the process: the impls stay
+
+// Point op's wrapper at the C function at `address`, then (first time) make it minillm::<op>'s CPU kernel.
+// Python defines minillm::<op> (its schema) before calling this; the dispatcher checks the wrapper's
+// C++ signature against that schema here. False if this file has no wrapper for op.
+bool set_kernel(const std::string& op, int64_t address) {
+  std::lock_guard<std::mutex> lock(registering);
+  for (const auto& kernel : KERNELS) {
+    if (op != kernel.op) continue;
+    TORCH_CHECK_VALUE(address != 0, "minillm_native::set_kernel: null address for ", op);
+    const bool first = *kernel.c_function == nullptr;
+    *kernel.c_function = reinterpret_cast<void*>(static_cast<intptr_t>(address));
+    if (first) {
+      auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "minillm", c10::DispatchKey::CPU,
+                                                  __FILE__, __LINE__);
+      kernel.register_impl(*lib);
+      registered.push_back(std::move(lib));
+    }
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(minillm_native, m) {
+  m.def("set_kernel(str op, int address) -> bool", &set_kernel);
+}
