@@ -97,3 +97,23 @@ def test_engine_model_fuses_every_layer_and_leaves_the_handed_model_alone(smol):
     assert all(isinstance(layer, FusedDecoderLayer) for layer in own.model.layers)
     assert not any(isinstance(layer, FusedDecoderLayer) for layer in model.model.layers)
     assert fuse_decoder_layers(own) == 0                    # nothing left to fuse
+
+
+@needs_kernel
+def test_cpp_ops_and_ctypes_give_identical_outputs():
+    """The C++ wrappers (utils/torch_ops.cpp) where they built, against the ctypes calls."""
+    fused_ops.rms_norm(torch.ones(1, 4), torch.ones(4), 1e-5)            # loads the kernel: ops go native
+    if not fused_ops.KERNEL.native:
+        pytest.skip(f"no C++ ops here: {__import__('minillm.utils.native_ops').utils.native_ops.load_error}")
+    torch.manual_seed(1)
+    x, delta, w = torch.randn(3, 64), torch.randn(3, 64), torch.randn(64)
+    assert torch.equal(torch.ops.minillm.rms_norm(x, w, 1e-6), fused_ops.rms_norm_ctypes(x, w, 1e-6))
+    for a, b in zip(torch.ops.minillm.add_rms_norm(x, delta, w, 1e-6), fused_ops.add_rms_norm_ctypes(x, delta, w, 1e-6)):
+        assert torch.equal(a, b)
+    qkv, cos, sin, slots = torch.randn(3, 4 * 16), torch.randn(3, 16), torch.randn(3, 16), torch.tensor([5, 0, 9])
+    caches = [[torch.zeros(4, 4, 1, 16) for _ in range(2)] for _ in range(2)]
+    q_op = torch.ops.minillm.rope_write_kv(qkv, cos, sin, *caches[0], slots, 2, 1)
+    q_ctypes = fused_ops.rope_write_kv_ctypes(qkv, cos, sin, *caches[1], slots, 2, 1)
+    assert torch.equal(q_op, q_ctypes) and all(torch.equal(a, b) for a, b in zip(*caches))
+    with pytest.raises(ValueError, match="rope_write_kv: cos"):               # a wrong shape: refused, clearly
+        torch.ops.minillm.rope_write_kv(qkv, cos[:, :8], sin, *caches[0], slots, 2, 1)

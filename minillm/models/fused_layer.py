@@ -83,9 +83,10 @@ class FusedDecoderLayer(nn.Module):
     def attention(self, x: torch.Tensor, cos, sin, kv) -> torch.Tensor:
         n = x.shape[0]
         qkv = self.qkv_proj(x)
-        caches = None if hasattr(self, "q_norm") else getattr(kv, "plain_caches", lambda i: None)(self.layer_idx)
+        eager_rope = not (torch.compiler.is_compiling() or hasattr(self, "q_norm"))   # (compiled: inductor fuses)
+        caches = getattr(kv, "plain_caches", lambda i: None)(self.layer_idx) if eager_rope else None
         q = None if caches is None else fused_ops.rope_write_kv(
-            qkv, cos.reshape(n, -1), sin.reshape(n, -1), *caches, self.num_heads, self.num_kv_heads)
+            qkv, cos, sin, *caches, self.num_heads, self.num_kv_heads)
         if q is not None:                                   # K/V rotated and stored: attention only
             out = kv.attend_stored(self.layer_idx, q)
         else:

@@ -1,12 +1,14 @@
-"""fused_ops.c from Python: RMSNorm, residual add + RMSNorm, and RoPE + K/V write, one C call each.
+"""fused_ops.c from Python: RMSNorm, residual add + RMSNorm, and RoPE + K/V write, one call each.
 
 Why: at decode a layer's elementwise work is tiny and its cost is the torch ops' dispatch
 (RMSNorm alone is 7 ops, RoPE on q and k with the K/V write 16). `fused_layer.py` calls
 these in eager CPU float32 steps; anywhere else (CUDA, other dtypes, no C compiler, inside
 torch.compile, which fuses the same ops into its own loops) it runs the torch ops.
 
-Each wrapper returns None when the kernel cannot take the inputs, and the caller then takes
-the torch road, so a failed build never changes what the model computes.
+Each is a torch op, `torch.ops.minillm.rms_norm` etc., whose CPU kernel is utils/torch_ops.cpp's
+C++ wrapper where it built (a cheaper call than ctypes), else the ctypes call below. The
+wrappers return None when the kernel cannot take the inputs, and the caller then takes the
+torch road, so a failed build never changes what the model computes.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ..utils.c_kernels import FLOAT, INT, PTR, CKernel
+from ..utils.c_kernels import FLOAT, INT, PTR, CKernel, define_op
 
 KERNEL = CKernel(Path(__file__).with_name("fused_ops.c"), {
     "rms_norm": ([PTR, PTR, INT, INT, FLOAT, INT, PTR], None),
@@ -23,6 +25,41 @@ KERNEL = CKernel(Path(__file__).with_name("fused_ops.c"), {
     "rope_write_kv": ([PTR] * 6 + [ctypes.c_int64] + [INT] * 5 + [PTR], INT),
 })
 __getattr__ = KERNEL.module_getattr(__name__)     # fused_ops.load_error: why it did not build
+
+
+def rms_norm_ctypes(x, weight, eps):
+    out, d = torch.empty_like(x), x.shape[-1]
+    KERNEL.load().rms_norm(x.data_ptr(), weight.data_ptr(), x.numel() // d, d, eps, torch.get_num_threads(),
+                           out.data_ptr())
+    return out
+
+
+def add_rms_norm_ctypes(x, delta, weight, eps):
+    total, out, d = torch.empty_like(x), torch.empty_like(x), x.shape[-1]
+    KERNEL.load().add_rms_norm(x.data_ptr(), delta.data_ptr(), weight.data_ptr(), x.numel() // d, d, eps,
+                               torch.get_num_threads(), total.data_ptr(), out.data_ptr())
+    return total, out
+
+
+def rope_write_kv_ctypes(qkv, cos, sin, k_cache, v_cache, slots, num_heads, num_kv_heads):
+    n, head_dim = qkv.shape[0], k_cache.shape[-1]
+    q = qkv.new_empty(n, num_heads, head_dim)
+    num_slots = k_cache.shape[0] * k_cache.shape[1]
+    if KERNEL.load().rope_write_kv(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(),
+                                   v_cache.data_ptr(), slots.data_ptr(), num_slots, n, num_heads, num_kv_heads,
+                                   head_dim, torch.get_num_threads(), q.data_ptr()):
+        raise IndexError(f"rope_write_kv: a slot is outside the cache's {num_slots} slots")
+    return q
+
+
+define_op("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor", rms_norm_ctypes,
+          lambda x, weight, eps: torch.empty_like(x), KERNEL, "rms_norm")
+define_op("add_rms_norm(Tensor x, Tensor delta, Tensor weight, float eps) -> (Tensor, Tensor)", add_rms_norm_ctypes,
+          lambda x, delta, weight, eps: (torch.empty_like(x), torch.empty_like(x)), KERNEL, "add_rms_norm")
+define_op("rope_write_kv(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slots, "
+          "int num_heads, int num_kv_heads) -> Tensor", rope_write_kv_ctypes,
+          lambda qkv, cos, sin, k, v, slots, h, kv: qkv.new_empty(qkv.shape[0], h, k.shape[-1]),
+          KERNEL, "rope_write_kv")
 
 
 def usable(*tensors: torch.Tensor) -> bool:
@@ -35,22 +72,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor 
     """RMSNorm of x [..., D] by weight [D], or None (module doc)."""
     if not usable(x, weight):
         return None
-    out = torch.empty_like(x)
-    d = x.shape[-1]
-    KERNEL.load().rms_norm(x.data_ptr(), weight.data_ptr(), x.numel() // d, d, eps, torch.get_num_threads(),
-                           out.data_ptr())
-    return out
+    return (torch.ops.minillm.rms_norm if KERNEL.native else rms_norm_ctypes)(x, weight, eps)
 
 
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float):
     """(x + delta, RMSNorm(x + delta)) in one pass, or None (module doc)."""
     if not usable(x, delta, weight) or x.shape != delta.shape:
         return None
-    total, out = torch.empty_like(x), torch.empty_like(x)
-    d = x.shape[-1]
-    KERNEL.load().add_rms_norm(x.data_ptr(), delta.data_ptr(), weight.data_ptr(), x.numel() // d, d, eps,
-                               torch.get_num_threads(), total.data_ptr(), out.data_ptr())
-    return total, out
+    return (torch.ops.minillm.add_rms_norm if KERNEL.native else add_rms_norm_ctypes)(x, delta, weight, eps)
 
 
 def rope_write_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
@@ -62,11 +91,6 @@ def rope_write_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cac
             and k_cache.shape == v_cache.shape and k_cache.shape[-2] == num_kv_heads
             and cos.shape[-1] == head_dim and qkv.shape[-1] == (num_heads + 2 * num_kv_heads) * head_dim):
         return None
-    n = qkv.shape[0]
-    q = qkv.new_empty(n, num_heads, head_dim)
-    num_slots = k_cache.numel() // (num_kv_heads * head_dim)
-    if KERNEL.load().rope_write_kv(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(),
-                                   v_cache.data_ptr(), slots.data_ptr(), num_slots, n, num_heads, num_kv_heads,
-                                   head_dim, torch.get_num_threads(), q.data_ptr()):
-        raise IndexError(f"rope_write_kv: a slot of {slots.tolist()} is outside the cache's {num_slots} slots")
-    return q
+    n = qkv.shape[0]                                    # cos, sin: [N, 1, Dh] from RotaryEmbedding, or [N, Dh]
+    op = torch.ops.minillm.rope_write_kv if KERNEL.native else rope_write_kv_ctypes
+    return op(qkv, cos.view(n, head_dim), sin.view(n, head_dim), k_cache, v_cache, slots, num_heads, num_kv_heads)

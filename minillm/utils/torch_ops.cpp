@@ -19,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -154,6 +155,68 @@ at::Tensor paged_decode_attention(const at::Tensor& q_, const at::Tensor& k_cach
   return out;
 }
 
+// ---- the fused elementwise kernels of a decoder layer (models/fused_ops.c) ----
+using RmsNormC = void (*)(const float*, const float*, int, int, float, int, float*);
+using AddRmsNormC = void (*)(const float*, const float*, const float*, int, int, float, int, float*, float*);
+using RopeWriteKvC = int (*)(const float*, const float*, const float*, float*, float*, const int64_t*, int64_t,
+                             int, int, int, int, int, float*);
+RmsNormC rms_norm_c = nullptr;
+AddRmsNormC add_rms_norm_c = nullptr;
+RopeWriteKvC rope_write_kv_c = nullptr;
+
+// x [..., D] and a D-long weight, float32, contiguous (fused_ops.usable checked the rest).
+void check_norm(const char* op, const at::Tensor& x, const at::Tensor& w) {
+  TORCH_CHECK_VALUE(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.is_contiguous() && x.dim() >= 1 &&
+                    w.device().is_cpu() && w.scalar_type() == at::kFloat && w.is_contiguous() && w.dim() == 1 &&
+                    w.size(0) == x.size(-1), "minillm::", op, ": x must be contiguous float32 [..., D] on CPU and ",
+                    "weight float32 [D], got ", x.sizes(), " and ", w.sizes());
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  check_norm("rms_norm", x, w);
+  auto out = at::Tensor(at::detail::empty_cpu(x.sizes(), at::kFloat));
+  const int64_t d = x.size(-1);
+  rms_norm_c(x.const_data_ptr<float>(), w.const_data_ptr<float>(), x.numel() / d, d, static_cast<float>(eps),
+             at::get_num_threads(), out.mutable_data_ptr<float>());
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& w,
+                                                double eps) {
+  check_norm("add_rms_norm", x, w);
+  TORCH_CHECK_VALUE(delta.sizes() == x.sizes() && delta.scalar_type() == at::kFloat && delta.is_contiguous() &&
+                    delta.device().is_cpu(), "minillm::add_rms_norm: delta must be like x ", x.sizes());
+  auto total = at::Tensor(at::detail::empty_cpu(x.sizes(), at::kFloat));
+  auto out = at::Tensor(at::detail::empty_cpu(x.sizes(), at::kFloat));
+  const int64_t d = x.size(-1);
+  add_rms_norm_c(x.const_data_ptr<float>(), delta.const_data_ptr<float>(), w.const_data_ptr<float>(),
+                 x.numel() / d, d, static_cast<float>(eps), at::get_num_threads(), total.mutable_data_ptr<float>(),
+                 out.mutable_data_ptr<float>());
+  return {total, out};
+}
+
+at::Tensor rope_write_kv(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
+                         at::Tensor& v_cache, const at::Tensor& slots, int64_t heads, int64_t kv_heads) {
+  const char* op = "rope_write_kv";
+  check(k_cache, op, "k_cache", at::kFloat, 4);
+  const int64_t d = k_cache.size(3), n = qkv.size(0);
+  check_weight(k_cache, op, "k_cache", at::kFloat, {k_cache.size(0), k_cache.size(1), kv_heads, d},
+               "[blocks, block_size, kv_heads, D]");
+  check_weight(v_cache, op, "v_cache", at::kFloat, k_cache.sizes().vec(), "k_cache's shape");
+  check_weight(qkv, op, "qkv", at::kFloat, {n, (heads + 2 * kv_heads) * d}, "[N, (heads + 2 kv_heads) D]");
+  check_weight(cos, op, "cos", at::kFloat, {n, d}, "[N, D]");
+  check_weight(sin, op, "sin", at::kFloat, {n, d}, "[N, D]");
+  check_weight(slots, op, "slots", at::kLong, {n}, "[N]");
+  auto q = at::Tensor(at::detail::empty_cpu({n, heads, d}, at::kFloat));
+  const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
+  const int failed = rope_write_kv_c(qkv.const_data_ptr<float>(), cos.const_data_ptr<float>(),
+                                     sin.const_data_ptr<float>(), k_cache.mutable_data_ptr<float>(),
+                                     v_cache.mutable_data_ptr<float>(), slots.const_data_ptr<int64_t>(), num_slots,
+                                     n, heads, kv_heads, d, at::get_num_threads(), q.mutable_data_ptr<float>());
+  TORCH_CHECK_INDEX(!failed, "minillm::rope_write_kv: a slot is outside the cache's ", num_slots, " slots");
+  return q;
+}
+
 // ---- the table: op name, where its C function's address goes, how its wrapper is registered ----
 struct Kernel {
   const char* op;
@@ -168,6 +231,9 @@ const Kernel KERNELS[] = {
     MINILLM_KERNEL(int4_linear),
     MINILLM_KERNEL(w4a8_linear),
     MINILLM_KERNEL(paged_decode_attention),
+    MINILLM_KERNEL(rms_norm),
+    MINILLM_KERNEL(add_rms_norm),
+    MINILLM_KERNEL(rope_write_kv),
 };
 
 std::mutex registering;
