@@ -115,5 +115,21 @@ def test_cpp_ops_and_ctypes_give_identical_outputs():
     q_op = torch.ops.minillm.rope_write_kv(qkv, cos, sin, *caches[0], slots, 2, 1)
     q_ctypes = fused_ops.rope_write_kv_ctypes(qkv, cos, sin, *caches[1], slots, 2, 1)
     assert torch.equal(q_op, q_ctypes) and all(torch.equal(a, b) for a, b in zip(*caches))
-    with pytest.raises(ValueError, match="rope_write_kv: cos"):               # a wrong shape: refused, clearly
+    with pytest.raises(ValueError, match="rope_write_kv: cos and sin"):               # a wrong shape: refused, clearly
         torch.ops.minillm.rope_write_kv(qkv, cos[:, :8], sin, *caches[0], slots, 2, 1)
+
+
+def test_op_count_bench_counts_fewer_operations_fused():
+    from minillm.bench.op_count import main, measure
+    import argparse
+    from minillm.bench import op_count
+    parser = argparse.ArgumentParser()
+    op_count.add_engine_arguments(parser, dtype="float32")
+    args = parser.parse_args([])
+    args.model, args.batch, args.context = "tiny-llama", 2, 20
+    counts = measure(args)
+    plain, fused = (sum(counts[v].values()) for v in ("plain", "fused"))
+    layers = get_model("tiny-llama")[0].config.num_hidden_layers
+    assert counts["fused"]["aten.pow"] == 0 and counts["plain"]["aten.pow"] == 2 * layers + 1   # RMSNorm's ops: gone
+    assert fused < plain / 2, (plain, fused)
+    main(["--model", "tiny-llama", "--batch", "1", "--context", "8"])             # the command prints its table

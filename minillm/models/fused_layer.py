@@ -14,7 +14,7 @@ milliseconds' worth of weights. So the engine's own model (runner/engine_model.p
     output channel, or per group of inputs within a row) gives the same numbers as
     quantizing each piece: int8, int4 and w4a8 are unchanged, and the C kernels see wider,
     fewer matmuls.
-  - RMSNorm, the residual add + RMSNorm, and RoPE + the K/V write as one C call each
+  - RMSNorm (the final one too), the residual add + RMSNorm, and RoPE + the K/V write as one C call each
     (fused_ops.c) in eager CPU float32 steps; the torch ops otherwise (and inside
     torch.compile, which fuses them itself).
 
@@ -30,7 +30,7 @@ from torch import nn
 
 from . import fused_ops
 from .cpu_linear import PanelLinear
-from .llama import DecoderLayer, apply_rope
+from .llama import DecoderLayer, RMSNorm, apply_rope
 
 
 def stack_linears(linears: list[nn.Module]) -> nn.Linear:
@@ -58,6 +58,18 @@ def can_fuse(layer: nn.Module) -> bool:
                for group in groups for lin in group)
 
 
+class FusedRMSNorm(RMSNorm):
+    """llama.py's RMSNorm (same weight) as one C call where fused_ops can take x."""
+
+    def __init__(self, norm: RMSNorm):
+        nn.Module.__init__(self)
+        self.weight, self.eps = norm.weight, norm.eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = fused_ops.rms_norm(x, self.weight, self.eps)
+        return super().forward(x) if out is None else out
+
+
 class FusedDecoderLayer(nn.Module):
     """DecoderLayer's forward (x, cos, sin, kv) -> x, with q/k/v and gate/up stacked (module doc)."""
 
@@ -66,7 +78,8 @@ class FusedDecoderLayer(nn.Module):
         attn, mlp = layer.self_attn, layer.mlp
         self.layer_idx = attn.layer_idx
         self.num_heads, self.num_kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
-        self.input_layernorm, self.post_attention_layernorm = layer.input_layernorm, layer.post_attention_layernorm
+        self.input_layernorm = FusedRMSNorm(layer.input_layernorm)
+        self.post_attention_layernorm = layer.post_attention_layernorm        # added to the residual: add_rms_norm
         self.qkv_proj = stack_linears([attn.q_proj, attn.k_proj, attn.v_proj])
         self.o_proj = attn.o_proj
         if hasattr(attn, "q_norm"):
@@ -74,11 +87,6 @@ class FusedDecoderLayer(nn.Module):
         self.gate_up_proj = stack_linears([mlp.gate_proj, mlp.up_proj])
         self.down_proj = mlp.down_proj
         self.intermediate_size = mlp.gate_proj.out_features
-
-    @staticmethod
-    def norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
-        out = fused_ops.rms_norm(x, norm.weight, norm.eps)
-        return norm(x) if out is None else out
 
     def attention(self, x: torch.Tensor, cos, sin, kv) -> torch.Tensor:
         n = x.shape[0]
@@ -103,7 +111,7 @@ class FusedDecoderLayer(nn.Module):
         return self.down_proj(F.silu(gate) * up)
 
     def forward(self, x, cos, sin, kv):
-        attended = self.attention(self.norm(x, self.input_layernorm), cos, sin, kv)
+        attended = self.attention(self.input_layernorm(x), cos, sin, kv)
         post = self.post_attention_layernorm
         fused = fused_ops.add_rms_norm(x, attended, post.weight, post.eps)
         x, h = fused if fused is not None else (x + attended, None)
@@ -111,7 +119,10 @@ class FusedDecoderLayer(nn.Module):
 
 
 def fuse_decoder_layers(model: nn.Module) -> int:
-    """Swap every fusable DecoderLayer of `model` for a FusedDecoderLayer, in place. Returns how many."""
+    """Swap every fusable DecoderLayer of `model` for a FusedDecoderLayer, and the final norm for a
+    FusedRMSNorm, in place. Returns how many layers."""
+    if type(model.model.norm) is RMSNorm:
+        model.model.norm = FusedRMSNorm(model.model.norm)
     layers = model.model.layers
     count = 0
     for i, layer in enumerate(layers):

@@ -89,8 +89,8 @@ def rope_write_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cac
     head_dim = k_cache.shape[-1]
     if not (usable(qkv, cos, sin, k_cache, v_cache) and slots.dtype == torch.long and slots.is_contiguous()
             and k_cache.shape == v_cache.shape and k_cache.shape[-2] == num_kv_heads
-            and cos.shape[-1] == head_dim and qkv.shape[-1] == (num_heads + 2 * num_kv_heads) * head_dim):
+            and cos.numel() == sin.numel() == qkv.shape[0] * head_dim      # [N, Dh] or RotaryEmbedding's [N, 1, Dh]
+            and qkv.shape[-1] == (num_heads + 2 * num_kv_heads) * head_dim):
         return None
-    n = qkv.shape[0]                                    # cos, sin: [N, 1, Dh] from RotaryEmbedding, or [N, Dh]
     op = torch.ops.minillm.rope_write_kv if KERNEL.native else rope_write_kv_ctypes
-    return op(qkv, cos.view(n, head_dim), sin.view(n, head_dim), k_cache, v_cache, slots, num_heads, num_kv_heads)
+    return op(qkv, cos, sin, k_cache, v_cache, slots, num_heads, num_kv_heads)

@@ -108,7 +108,7 @@ class W4A8Linear(Int4Linear):
     pack_codes = staticmethod(pack_w4a8_panels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = self._padded(x.reshape(-1, self.in_features))      # K: a multiple of the group size
+        rows = self._padded(x if x.dim() == 2 else x.reshape(-1, self.in_features))   # K: a multiple of G
         if x.device.type == "cpu" and x.dtype == torch.float32 and self.use_c_kernel:
             y = w4a8_matmul(rows, self.panels, self.scale_panels, self.minimum_panels, self.group_size)
             y = y if self.bias is None else y + self.bias
@@ -116,4 +116,4 @@ class W4A8Linear(Int4Linear):
             rounded = fake_quantize_activations(rows, ACTIVATION_BLOCK)[:, :self.in_features]
             bias = None if self.bias is None else self.bias.float()
             y = F.linear(rounded, self.dequantized_weight(), bias).to(x.dtype)
-        return y.reshape(*x.shape[:-1], self.out_features)
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)

@@ -204,8 +204,10 @@ at::Tensor rope_write_kv(const at::Tensor& qkv, const at::Tensor& cos, const at:
                "[blocks, block_size, kv_heads, D]");
   check_weight(v_cache, op, "v_cache", at::kFloat, k_cache.sizes().vec(), "k_cache's shape");
   check_weight(qkv, op, "qkv", at::kFloat, {n, (heads + 2 * kv_heads) * d}, "[N, (heads + 2 kv_heads) D]");
-  check_weight(cos, op, "cos", at::kFloat, {n, d}, "[N, D]");
-  check_weight(sin, op, "sin", at::kFloat, {n, d}, "[N, D]");
+  for (const auto* t : {&cos, &sin})        // [N, D], or [N, 1, D] as RotaryEmbedding gives them: same bytes
+    TORCH_CHECK_VALUE(t->device().is_cpu() && t->scalar_type() == at::kFloat && t->is_contiguous() &&
+                      t->numel() == n * d && t->size(-1) == d, "minillm::rope_write_kv: cos and sin must be ",
+                      "contiguous float32 [N, D] = [", n, ", ", d, "] on CPU, got ", t->sizes());
   check_weight(slots, op, "slots", at::kLong, {n}, "[N]");
   auto q = at::Tensor(at::detail::empty_cpu({n, heads, d}, at::kFloat));
   const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
