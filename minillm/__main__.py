@@ -8,6 +8,7 @@
     python -m minillm bench roofline [--batch-sizes 1 8 32] [--context 512] [--plot FILE] [--quick] [engine flags]
     python -m minillm bench quant [--model M] [--quick] [--against llama.cpp] [--compile] [engine flags]
     python -m minillm bench spec [--model M] [--max-tokens 96] [--json FILE] [--quick] [engine flags]
+    python -m minillm bench overhead [--batch 1 8 64] [--context 128] [--profile N] [--json FILE] [engine flags]
     python -m minillm bench tp [--model M] [--sizes 1 3] [--batch 8] [--json FILE] [--quick]
 
 Engine flags: every EngineConfig field (--block-size, --enable-prefix-caching, ...; see `--help`
@@ -21,7 +22,7 @@ import sys
 
 def build_parser() -> argparse.ArgumentParser:
     """Every command's parser; each sets `func`, what runs the parsed command."""
-    from .bench import kv_cache, quant, roofline, serve, spec, throughput, tp
+    from .bench import kv_cache, overhead, quant, roofline, serve, spec, throughput, tp
     from .cli import chat, generate
     from .server import cli as serve_cli
 
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                                ("roofline", roofline, "a decode step's bytes and FLOPs vs the measured roofline"),
                                ("quant", quant, "float32 vs int8 vs int4 weights (and llama.cpp): decode, floors"),
                                ("spec", spec, "speculative decoding (n-gram) vs none and transformers' prompt lookup"),
+                               ("overhead", overhead, "the engine's own time per decode step, outside the forward"),
                                ("tp", tp, "tensor parallelism: step time split into compute and collectives, bytes")):
         p = bsub.add_parser(name, help=text)
         module.add_arguments(p)

@@ -51,6 +51,9 @@ class Seq:
     def __len__(self):
         return len(self.token_ids)
 
+    def input_tokens(self, start, end):
+        return self.input_token_ids[start:end]
+
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_static_step_matches_runner_and_padding_touches_only_scratch(backend):

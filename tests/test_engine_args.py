@@ -18,7 +18,7 @@ from minillm.config import EngineConfig
 
 FIELDS = dataclasses.fields(EngineConfig)
 COMMANDS = [["serve"], ["generate", "hi"], ["chat"], ["bench", "throughput"], ["bench", "quant"],
-            ["bench", "roofline"], ["bench", "serve"]]
+            ["bench", "roofline"], ["bench", "serve"], ["bench", "overhead"]]
 
 
 def shared_parser(**defaults) -> argparse.ArgumentParser:

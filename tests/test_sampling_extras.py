@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-import minillm.engine.engine as engine_module
+import minillm.engine.sampling_stage as sampling_stage
 from minillm.baselines.naive_generation import next_token_logits_naive
 from minillm.engine.engine import LLMEngine
 from minillm.sample.logits_processors import (apply_frequency_presence, apply_logit_bias, apply_min_p,
@@ -210,7 +210,7 @@ def test_rows_that_ask_for_nothing_are_never_touched(tiny_llama, monkeypatch):
 
     def untouchable(*args):
         raise AssertionError("the logits stage ran on a row that asked for nothing")
-    monkeypatch.setattr(engine_module, "process_logits", untouchable)
+    monkeypatch.setattr(sampling_stage, "process_logits", untouchable)
     after = run(tiny_llama, prompts, params)
     assert all(o.error is None for o in after)
     assert [o.outputs[0].token_ids for o in after] == before

@@ -39,24 +39,28 @@ class PagedStep:
 
     @classmethod
     def build(cls, block_tables: list[list[int]], starts: list[int], num_new: list[int],
-              block_size: int, device="cpu", slot_mapping_fn=None) -> "PagedStep":
+              block_size: int, device="cpu", slot_mapping_fn=None, padded_tables: torch.Tensor | None = None,
+              ) -> "PagedStep":
         """Sequence b writes num_new[b] tokens at positions starts[b], starts[b]+1, ...
-        `slot_mapping_fn`: the function below unless another is given (lesson 03's)."""
+        `slot_mapping_fn`: the function below unless another is given (lesson 03's).
+        `padded_tables`: the block tables already as the padded tensor (the runner keeps them
+        between steps, runner/block_tables.py); else they are padded here."""
         slot_mapping_fn = slot_mapping_fn or slot_mapping
         positions, slots = [], []
         for table, start, n in zip(block_tables, starts, num_new):
             pos = list(range(start, start + n))
             positions += pos
             slots += slot_mapping_fn(table, pos, block_size)
-        width = max(len(t) for t in block_tables)
-        padded = [t + [0] * (width - len(t)) for t in block_tables]
+        as_long = lambda x: torch.tensor(x, dtype=torch.long, device=device)
+        if padded_tables is None:
+            width = max(len(t) for t in block_tables)
+            padded_tables = as_long([t + [0] * (width - len(t)) for t in block_tables])
         query_start = [0]
         for n in num_new:
             query_start.append(query_start[-1] + n)
         decode_seqs = [b for b, n in enumerate(num_new) if n == 1]
-        as_long = lambda x: torch.tensor(x, dtype=torch.long, device=device)
         return cls(as_long(slots), as_long(positions), as_long(query_start),
-                   as_long([s + n for s, n in zip(starts, num_new)]), as_long(padded),
+                   as_long([s + n for s, n in zip(starts, num_new)]), padded_tables.to(device),
                    query_start, max(num_new), decode_seqs, as_long([query_start[b] for b in decode_seqs]))
 
 

@@ -36,6 +36,9 @@ class FakeSequence:
     def __len__(self) -> int:
         return len(self.token_ids)
 
+    def input_tokens(self, start: int, end: int) -> list[int]:
+        return self.input_token_ids[start:end]
+
 
 def interleaved_ms(fns: dict, repeats: int) -> dict:
     """Best time in ms of each function, the functions taking turns: on a shared machine a

@@ -21,7 +21,6 @@ from ..kv.block_manager import BlockManager
 from ..kv.prefix_cache import PrefixCache
 from ..outputs import RequestOutput
 from ..distributed.executor import build_runner
-from ..sample.logits_processors import process_logits, wants_processing
 from ..sample.sampler import sample
 from ..sampling_params import SamplingParams
 from ..structured.matchers import StructuredOutputs
@@ -29,6 +28,7 @@ from .fault_isolation import FAILED, FaultIsolation
 from .output_processor import OutputProcessor
 from .request import Request, check_request
 from .resolved_config import resolve_config
+from .sampling_stage import sample_live
 from .scheduler import Scheduler, SchedulerOutput
 from .stats import engine_stats
 from ..spec.speculator import Speculator
@@ -199,10 +199,9 @@ class LLMEngine:
                                        n - len(seq.spec_token_ids))
                 rows, seqs = self._fork(samplers)                                     # n > 1: prompt done
                 live = [(r, s) for r, s in zip(rows, seqs) if not s.is_finished]
-                tokens = faults.sample(sample, [s for _, s in live], self._processed_logits(live, logits),
-                                       [self.output_processor.generator(s) for _, s in live])
+                tokens = self._sample(live, logits)
                 for (row, seq), token in zip(live, tokens):                           # append, stop checks
-                    self._emit(seq, token, logits[row])
+                    self._emit(seq, token, logits[row] if seq.params.logprobs is not None else None)
                 self._verify_drafts(drafted)                                          # speculation: keep what the model agrees with
         except BaseException as e:          # an interrupt, or a bug outside the guarded stages
             faults.fail_touched(f"the step failed: {e!r}")
@@ -246,24 +245,9 @@ class LLMEngine:
                     seqs.append(child)
         return rows, seqs
 
-    def _processed_logits(self, live: list[tuple[int, Sequence]], logits):
-        """The rows to sample from: each sequence's penalties, logit_bias, min_tokens and min_p
-        applied to its own row with its own token history (sample/logits_processors.py). Rows
-        that ask for none are not touched; a fault here ends only its own request."""
-        rows = logits[[r for r, _ in live]]
-        asking = [i for i, (_, s) in enumerate(live) if wants_processing(s.params, len(s.output_token_ids))]
-        if asking or any(s.params.structured_outputs for _, s in live):
-            rows = rows.float()             # what sample() computes in anyway
-        for i in asking:
-            seq = live[i][1]
-            row = self.faults.guarded(seq, "applying penalties, logit_bias, min_tokens or min_p", process_logits,
-                                      rows[i], seq.params, seq.prompt_token_ids, seq.output_token_ids,
-                                      self.output_processor.eos_token_ids)
-            if row is not FAILED:
-                rows[i] = row
-        self.output_processor.mask_logits(rows, [s for _, s in live], lambda seq, e: self.faults.fail(
-            seq.request_id, f"structured outputs failed: {e!r}"))          # grammar masks, last
-        return rows
+    def _sample(self, live: list[tuple[int, Sequence]], logits) -> list:
+        """A token per live (row, sequence), or the Exception its row raised (sampling_stage.py)."""
+        return sample_live(live, logits, sample, self.faults, self.output_processor)
 
     def _emit(self, seq: Sequence, token, logits_row) -> bool:
         """A new token (or a sampling failure): logprobs, appended, stop checks. True while it runs on."""

@@ -60,6 +60,18 @@ class Sequence:
         """What the model is fed from: the tokens, then this step's drafts."""
         return self.token_ids + self.spec_token_ids if self.spec_token_ids else self.token_ids
 
+    def input_tokens(self, start: int, end: int) -> list[int]:
+        """input_token_ids[start:end], without building the whole list first: a decode step
+        reads one token, and copying every token of a long sequence for it would cost more."""
+        prompt, out = self.prompt_token_ids, self.output_token_ids
+        tokens = prompt[start:end] if start < len(prompt) else []
+        start, end = max(0, start - len(prompt)), end - len(prompt)
+        if end > 0:
+            tokens += out[start:end]
+            start, end = max(0, start - len(out)), end - len(out)
+            tokens += self.spec_token_ids[start:end] if end > 0 else []
+        return tokens
+
     @property
     def is_finished(self) -> bool:
         return self.status is Status.FINISHED

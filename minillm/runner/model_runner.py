@@ -23,6 +23,7 @@ from ..kv.paged_cache import PagedKVCache
 from ..sample.logprobs import PromptLogprobs, score_prompt_tokens
 from ..spec.draft_model import load_draft_model
 from ..spec.self_draft import draft_in_place
+from .block_tables import BlockTableRows
 from .compiled_decode import CompiledDecodeStep
 from .cuda_graphs import CUDAGraphDecode, capture_safe
 from .engine_model import model_for_engine
@@ -46,6 +47,7 @@ class ModelRunner:
         self.model = model
         self.kv_cache = kv_cache
         self.slot_mapping_fn = slot_mapping_fn
+        self.block_tables = BlockTableRows()                 # kept between steps (block_tables.py)
         self.static_step, self.run_decode = None, None       # the fast decode road, when on
         self.num_draft_layers = self_draft_layers(model, config)     # speculation by the model's first layers
         self.draft_model = draft_model                               # or by a smaller model (spec/draft_model.py)
@@ -91,16 +93,16 @@ class ModelRunner:
         for seq, n in scheduled:
             start = seq.num_computed_tokens
             scored += [(seq, start, len(input_ids), n)] if seq.params.prompt_logprobs is not None else []
-            input_ids += seq.input_token_ids[start:start + n]
+            input_ids += seq.input_tokens(start, start + n)
             if seq.spec_token_ids:                    # the last token and each draft: k + 1 predictions
                 drafted.append((seq, len(input_ids) - len(seq.spec_token_ids) - 1))
             elif start + n == len(seq):               # fed everything it has: predicts the next token
                 rows.append(len(input_ids) - 1)
                 samplers.append(seq)
-        step = PagedStep.build([s.block_table for s, _ in scheduled],
-                               [s.num_computed_tokens for s, _ in scheduled],
+        seqs = [s for s, _ in scheduled]
+        step = PagedStep.build([s.block_table for s in seqs], [s.num_computed_tokens for s in seqs],
                                [n for _, n in scheduled], self.kv_cache.block_size, device,
-                               self.slot_mapping_fn)
+                               self.slot_mapping_fn, self.block_tables.padded(seqs))
         self.kv_cache.set_step(step)
         hidden = self.model(torch.tensor(input_ids, device=device), step.positions, self.kv_cache)
         prompt_logprobs = [p for p in (self.score_prompt(hidden, *s) for s in scored) if p is not None]
@@ -108,8 +110,9 @@ class ModelRunner:
                   for seq, first in drafted}
         if not rows:
             return ForwardOutput([], hidden.new_zeros(0, 0), prompt_logprobs, drafts)
-        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=device)])
-        return ForwardOutput(samplers, logits, prompt_logprobs, drafts)
+        if len(rows) < len(input_ids):                # else every row samples (a decode step): no gather
+            hidden = hidden[torch.tensor(rows, device=device)]
+        return ForwardOutput(samplers, self.model.compute_logits(hidden), prompt_logprobs, drafts)
 
     def score_prompt(self, hidden, seq, start: int, offset: int, n: int) -> PromptLogprobs | None:
         """The logprobs of the prompt tokens that this chunk's positions start .. start+n-1
