@@ -10,7 +10,7 @@ from minillm.engine.fault_isolation import FaultIsolation
 from minillm.engine.output_processor import OutputProcessor
 from minillm.engine.sampling_stage import plain_greedy, sample_live
 from minillm.engine.sequence import Sequence
-from minillm.sample.sampler import ARGMAX_CHUNK, greedy_tokens, sample
+from minillm.sample.sampler import ARGMAX_CHUNK, CHUNKED_MIN_ROWS, greedy_tokens, sample
 from minillm.sampling_params import SamplingParams
 
 from conftest import get_model
@@ -30,7 +30,7 @@ def lowest_argmax(row: torch.Tensor) -> int:
     return int((row == row.max()).nonzero()[0])
 
 
-@pytest.mark.parametrize("batch", [0, 1, 2, 5, 64])
+@pytest.mark.parametrize("batch", [0, 1, CHUNKED_MIN_ROWS, CHUNKED_MIN_ROWS + 3, 64])
 @pytest.mark.parametrize("vocab", [7, 3 * ARGMAX_CHUNK + 17, 64 * 37, ARGMAX_CHUNK, 49152, 128256])
 def test_greedy_tokens_are_sample_s_tokens_ties_included(batch, vocab):
     """Chunks of 1024, 256 (Llama 3's 128,256 logits) or 64; no chunk divides 7 or 3089 (argmax)."""
@@ -53,11 +53,12 @@ def test_greedy_tokens_are_sample_s_tokens_ties_included(batch, vocab):
 
 
 def test_ties_go_to_the_lowest_id_across_chunks():
-    logits = torch.zeros(3, 4 * ARGMAX_CHUNK)
+    logits = torch.zeros(CHUNKED_MIN_ROWS, 4 * ARGMAX_CHUNK)
     logits[0, [5, ARGMAX_CHUNK + 1, 3 * ARGMAX_CHUNK]] = 2.0       # in three chunks: the first chunk's
     logits[1, [2 * ARGMAX_CHUNK + 9, 2 * ARGMAX_CHUNK + 3]] = 1.0   # twice in one chunk: the lower
     logits[2] = 1.0                                                 # all tied: id 0
-    assert greedy_tokens(logits).tolist() == general(logits).tolist() == [5, 2 * ARGMAX_CHUNK + 3, 0]
+    want = [5, 2 * ARGMAX_CHUNK + 3, 0] + [0] * (CHUNKED_MIN_ROWS - 3)
+    assert greedy_tokens(logits).tolist() == general(logits).tolist() == want
 
 
 @pytest.mark.parametrize("params, plain", [

@@ -19,7 +19,7 @@ so that forward + the five others = the step, reported as the mean per step, wit
 overhead (the step less its forward) and its fraction of the step. The split is taken by
 wrapping those calls on this engine's objects with perf_counter (for the measurement only:
 they are put back after), and `--profile N` adds cProfile's top N functions by own time over
-the same steps, outside the forward (the profiler is paused inside it). The engine flags are
+as many steps again, outside the forward (the profiler is paused inside it). The engine flags are
 cli/engine_args.py's (CPU, float32 by default; `--quantization w4a8`, `--compile`, ...). The
 wrappers add about a microsecond a call. On a shared machine the figures are rough: run it quiet.
 """
@@ -127,9 +127,11 @@ def summarize(steps: list[dict]) -> dict:
 
 
 def measure(engine, batch: int, context: int, steps: int, profile: int = 0) -> dict:
-    """Decode `batch` requests together; the split of `steps` pure decode steps (and the profile's
-    top functions as text when `profile`)."""
-    params = SamplingParams(temperature=0, max_tokens=steps + WARMUP_STEPS + 2, ignore_eos=True)
+    """Decode `batch` requests together; the split of `steps` pure decode steps and, when
+    `profile`, cProfile's top functions over as many steps again (apart: the profiler's own
+    cost would swell the split)."""
+    runs = 2 if profile else 1
+    params = SamplingParams(temperature=0, max_tokens=runs * steps + WARMUP_STEPS + 2, ignore_eos=True)
     vocab = engine.resolved.vocab_size
     for i in range(batch):
         prompt = [(1000 + 7 * i + 13 * j) % vocab for j in range(context)]    # distinct: no prefix sharing
@@ -138,17 +140,19 @@ def measure(engine, batch: int, context: int, steps: int, profile: int = 0) -> d
         engine.step()                                   # the prefills (chunked when the budget says so)
     for _ in range(WARMUP_STEPS):
         engine.step()
-    profiler = cProfile.Profile() if profile else None
-    with StepTimer(engine, profiler) as timer:
+    with StepTimer(engine) as timer:
         for _ in range(steps):
             timer.step()
+    result = summarize(timer.steps)
+    if profile:
+        with StepTimer(engine, cProfile.Profile()) as profiled:
+            for _ in range(steps):
+                profiled.step()
+        text = io.StringIO()
+        pstats.Stats(profiled.profiler, stream=text).sort_stats("tottime").print_stats(profile)
+        result["profile"] = text.getvalue()
     while engine.has_unfinished_requests():
         engine.step()
-    result = summarize(timer.steps)
-    if profiler is not None:
-        text = io.StringIO()
-        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(profile)
-        result["profile"] = text.getvalue()
     return result
 
 

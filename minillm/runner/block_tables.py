@@ -6,22 +6,29 @@ afresh from the Python lists each step, that costs time that grows with the cont
 barely changes the tables: a sequence gains one block every block_size tokens. So each
 sequence keeps a row here; a row is written again only when its table changed (compared as
 lists, which Python does in C: a new block, a copy-on-write, a swap back in), and a step's
-tensor is one gather of the rows it needs.
+tensor is one gather of the rows it needs. Short tables (up to MIN_WIDTH blocks) are left to
+PagedStep.build: converting them afresh costs no more than the bookkeeping here.
 """
 from __future__ import annotations
 
 import torch
 
+MIN_WIDTH = 32           # blocks: 512 tokens of context at block_size 16
+
 
 class BlockTableRows:
-    def __init__(self):
+    def __init__(self, min_width: int = MIN_WIDTH):
+        self.min_width = min_width
         self.rows = torch.zeros(0, 0, dtype=torch.long)      # [capacity, max width], 0-padded
         self.written: dict[int, tuple[int, list[int]]] = {}  # seq_id -> (its row, the table written there)
 
-    def padded(self, seqs: list) -> torch.Tensor:
+    def padded(self, seqs: list) -> torch.Tensor | None:
         """[len(seqs), the longest table] block ids, each table padded with 0 (what PagedStep.build
-        makes of the lists). Rows of sequences not in `seqs` are given to others."""
+        makes of the lists), or None when no table is longer than min_width. Rows of sequences
+        not in `seqs` are given to others."""
         width = max(len(s.block_table) for s in seqs)
+        if width <= self.min_width:
+            return None
         capacity, max_width = self.rows.shape
         if len(seqs) > capacity or width > max_width:       # grown by doubling; every row written again
             self.rows = torch.zeros(capacity if len(seqs) <= capacity else max(len(seqs), 2 * capacity),

@@ -69,6 +69,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
 # -- the engine's short road for greedy rows --------------------------------------------------
 
 ARGMAX_CHUNK = 1024      # logits per chunk in greedy_tokens, at most
+CHUNKED_MIN_ROWS = 8     # fewer rows: argmax itself
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
@@ -76,11 +77,12 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     among ties; a NaN wins, as in torch.argmax), found faster on CPU. torch's CPU argmax walks a row
     one element at a time while its max is vectorized, so: the max of each chunk of C logits (C the
     largest power of two up to ARGMAX_CHUNK that divides V), the argmax over those maxima (the first
-    chunk holding the row's max), then the argmax inside that one chunk. About 2x faster than
-    argmax for one row of SmolLM2's 49,152 logits, 5x for 64 rows."""
+    chunk holding the row's max), then the argmax inside that one chunk. Measured right after the
+    logits are computed, as the engine calls it: 1.1 ms instead of 3 for 64 rows of SmolLM2's 49,152
+    logits; below CHUNKED_MIN_ROWS rows the five extra operations cost more than they save."""
     B, V = logits.shape
     C = math.gcd(V, ARGMAX_CHUNK)
-    if logits.device.type != "cpu" or B == 0 or C < 64:
+    if logits.device.type != "cpu" or B < CHUNKED_MIN_ROWS or C < 64:
         return logits.argmax(dim=-1)
     chunks = logits.unflatten(1, (V // C, C))                         # a view: [B, V // C, C]
     best = chunks.amax(dim=-1).argmax(dim=-1)                         # ties: the first chunk, in id order
