@@ -2,6 +2,7 @@
 each kernel against the torch ops it replaces, and a fused layer against llama.py's over a real cache."""
 import pytest
 import torch
+import torch.nn.functional as F
 
 from minillm.attention.paged import PagedStep, TorchPagedAttention
 from minillm.kv.paged_cache import PagedKVCache
@@ -53,6 +54,16 @@ def test_rope_write_refuses_a_slot_outside_the_cache():
     with pytest.raises(IndexError, match="outside"):
         fused_ops.rope_write_kv(qkv, cos, cos, k_cache, v_cache, torch.tensor([8]), 1, 1)
     assert k_cache.count_nonzero() == 0
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 70])
+def test_silu_mul_matches_torch(rows):
+    torch.manual_seed(rows)
+    gate_up = torch.randn(rows, 2 * 96) * 4
+    gate, up = gate_up.split(96, dim=-1)
+    torch.testing.assert_close(fused_ops.silu_mul(gate_up), F.silu(gate) * up, rtol=1e-6, atol=1e-6)
+    assert torch.equal(fused_ops.silu_mul_ctypes(gate_up), fused_ops.silu_mul(gate_up))   # C++ op = ctypes call
 
 
 def test_kernels_step_aside_for_what_they_cannot_read():

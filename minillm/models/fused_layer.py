@@ -14,7 +14,8 @@ milliseconds' worth of weights. So the engine's own model (runner/engine_model.p
     output channel, or per group of inputs within a row) gives the same numbers as
     quantizing each piece: int8, int4 and w4a8 are unchanged, and the C kernels see wider,
     fewer matmuls.
-  - RMSNorm (the final one too), the residual add + RMSNorm, and RoPE + the K/V write as one C call each
+  - RMSNorm (the final one too), the residual add + RMSNorm, RoPE + the K/V write, and SiLU(gate) * up
+    as one C call each
     (fused_ops.c) in eager CPU float32 steps; the torch ops otherwise (and inside
     torch.compile, which fuses them itself).
 
@@ -107,8 +108,12 @@ class FusedDecoderLayer(nn.Module):
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        gate_up = self.gate_up_proj(x)
+        activated = fused_ops.silu_mul(gate_up)
+        if activated is None:
+            gate, up = gate_up.split(self.intermediate_size, dim=-1)
+            activated = F.silu(gate) * up
+        return self.down_proj(activated)
 
     def forward(self, x, cos, sin, kv):
         attended = self.attention(self.input_layernorm(x), cos, sin, kv)

@@ -14,6 +14,7 @@
  *                  rope(x)[i] = x[i] cos[i] + x[i - Dh/2] sin[i]          (i >= Dh/2)
  *                  cos, sin [N, Dh]; caches [blocks, block_size, Hkv, Dh]; slots [N] int64;
  *                  returns 1, writing nothing, when a slot is outside the caches
+ *   silu_mul       out = silu(gate) * up, gate_up [N, 2 I] = gate | up (the fused projection)  out [N, I]
  *
  * Threads: one, unless the rows are many (a prefill chunk): an OpenMP region costs a few
  * microseconds to open, more than a decode row's work. Compiled without -ffp-contract=fast,
@@ -80,4 +81,13 @@ int rope_write_kv(const float *qkv, const float *cos_, const float *sin_, float 
         memcpy(v_slot, v, sizeof(float) * kv_row);
     }
     return 0;
+}
+
+void silu_mul(const float *gate_up, int n, int width, int num_threads, float *out) {
+#pragma omp parallel for num_threads(num_threads) if (n >= MANY_ROWS)
+    for (int i = 0; i < n; i++) {
+        const float *g = gate_up + (int64_t)i * 2 * width, *u = g + width;
+        float *o = out + (int64_t)i * width;
+        for (int j = 0; j < width; j++) o[j] = g[j] / (1.f + expf(-g[j])) * u[j];
+    }
 }

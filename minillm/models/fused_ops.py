@@ -1,7 +1,7 @@
 """fused_ops.c from Python: RMSNorm, residual add + RMSNorm, and RoPE + K/V write, one call each.
 
 Why: at decode a layer's elementwise work is tiny and its cost is the torch ops' dispatch
-(RMSNorm alone is 7 ops, RoPE on q and k with the K/V write 16). `fused_layer.py` calls
+(RMSNorm alone is 7 ops, RoPE on q and k with the K/V write 16, SiLU * up with the split 5). `fused_layer.py` calls
 these in eager CPU float32 steps; anywhere else (CUDA, other dtypes, no C compiler, inside
 torch.compile, which fuses the same ops into its own loops) it runs the torch ops.
 
@@ -23,6 +23,7 @@ KERNEL = CKernel(Path(__file__).with_name("fused_ops.c"), {
     "rms_norm": ([PTR, PTR, INT, INT, FLOAT, INT, PTR], None),
     "add_rms_norm": ([PTR, PTR, PTR, INT, INT, FLOAT, INT, PTR, PTR], None),
     "rope_write_kv": ([PTR] * 6 + [ctypes.c_int64] + [INT] * 5 + [PTR], INT),
+    "silu_mul": ([PTR, INT, INT, INT, PTR], None),
 })
 __getattr__ = KERNEL.module_getattr(__name__)     # fused_ops.load_error: why it did not build
 
@@ -52,6 +53,13 @@ def rope_write_kv_ctypes(qkv, cos, sin, k_cache, v_cache, slots, num_heads, num_
     return q
 
 
+def silu_mul_ctypes(gate_up):
+    n, width = gate_up.shape[0], gate_up.shape[1] // 2
+    out = gate_up.new_empty(n, width)
+    KERNEL.load().silu_mul(gate_up.data_ptr(), n, width, torch.get_num_threads(), out.data_ptr())
+    return out
+
+
 define_op("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor", rms_norm_ctypes,
           lambda x, weight, eps: torch.empty_like(x), KERNEL, "rms_norm")
 define_op("add_rms_norm(Tensor x, Tensor delta, Tensor weight, float eps) -> (Tensor, Tensor)", add_rms_norm_ctypes,
@@ -60,6 +68,15 @@ define_op("rope_write_kv(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k_cache,
           "int num_heads, int num_kv_heads) -> Tensor", rope_write_kv_ctypes,
           lambda qkv, cos, sin, k, v, slots, h, kv: qkv.new_empty(qkv.shape[0], h, k.shape[-1]),
           KERNEL, "rope_write_kv")
+define_op("silu_mul(Tensor gate_up) -> Tensor", silu_mul_ctypes,
+          lambda gate_up: gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2), KERNEL, "silu_mul")
+
+
+def native(x: torch.Tensor) -> bool:
+    """The common case, checked cheaply: the C++ ops are built and x is contiguous float32 on the CPU,
+    eagerly. The C++ wrapper checks every other tensor itself (a clear ValueError, never a bad read)."""
+    return (KERNEL.native and x.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous()
+            and not torch.compiler.is_compiling())
 
 
 def usable(*tensors: torch.Tensor) -> bool:
@@ -70,6 +87,8 @@ def usable(*tensors: torch.Tensor) -> bool:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
     """RMSNorm of x [..., D] by weight [D], or None (module doc)."""
+    if native(x):
+        return torch.ops.minillm.rms_norm(x, weight, eps)
     if not usable(x, weight):
         return None
     return (torch.ops.minillm.rms_norm if KERNEL.native else rms_norm_ctypes)(x, weight, eps)
@@ -77,6 +96,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor 
 
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float):
     """(x + delta, RMSNorm(x + delta)) in one pass, or None (module doc)."""
+    if native(x):
+        return torch.ops.minillm.add_rms_norm(x, delta, weight, eps)
     if not usable(x, delta, weight) or x.shape != delta.shape:
         return None
     return (torch.ops.minillm.add_rms_norm if KERNEL.native else add_rms_norm_ctypes)(x, delta, weight, eps)
@@ -86,6 +107,8 @@ def rope_write_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cac
                   v_cache: torch.Tensor, slots: torch.Tensor, num_heads: int, num_kv_heads: int):
     """Rotated q [N, H, Dh] from the fused projection's qkv [N, (H + 2 Hkv) Dh], with rotated k
     and v written to their slots of the [blocks, block_size, Hkv, Dh] caches; or None."""
+    if native(qkv):
+        return torch.ops.minillm.rope_write_kv(qkv, cos, sin, k_cache, v_cache, slots, num_heads, num_kv_heads)
     head_dim = k_cache.shape[-1]
     if not (usable(qkv, cos, sin, k_cache, v_cache) and slots.dtype == torch.long and slots.is_contiguous()
             and k_cache.shape == v_cache.shape and k_cache.shape[-2] == num_kv_heads
@@ -94,3 +117,12 @@ def rope_write_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cac
         return None
     op = torch.ops.minillm.rope_write_kv if KERNEL.native else rope_write_kv_ctypes
     return op(qkv, cos, sin, k_cache, v_cache, slots, num_heads, num_kv_heads)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
+    """silu(gate) * up from the fused projection's gate_up [N, 2 I] = gate | up, or None (module doc)."""
+    if native(gate_up):
+        return torch.ops.minillm.silu_mul(gate_up)
+    if not usable(gate_up) or gate_up.dim() != 2:
+        return None
+    return (torch.ops.minillm.silu_mul if KERNEL.native else silu_mul_ctypes)(gate_up)

@@ -160,7 +160,9 @@ using RmsNormC = void (*)(const float*, const float*, int, int, float, int, floa
 using AddRmsNormC = void (*)(const float*, const float*, const float*, int, int, float, int, float*, float*);
 using RopeWriteKvC = int (*)(const float*, const float*, const float*, float*, float*, const int64_t*, int64_t,
                              int, int, int, int, int, float*);
+using SiluMulC = void (*)(const float*, int, int, int, float*);
 RmsNormC rms_norm_c = nullptr;
+SiluMulC silu_mul_c = nullptr;
 AddRmsNormC add_rms_norm_c = nullptr;
 RopeWriteKvC rope_write_kv_c = nullptr;
 
@@ -219,6 +221,16 @@ at::Tensor rope_write_kv(const at::Tensor& qkv, const at::Tensor& cos, const at:
   return q;
 }
 
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  TORCH_CHECK_VALUE(gate_up.device().is_cpu() && gate_up.scalar_type() == at::kFloat && gate_up.dim() == 2 &&
+                    gate_up.is_contiguous() && gate_up.size(1) % 2 == 0, "minillm::silu_mul: gate_up must be ",
+                    "contiguous float32 [N, 2 I] on CPU, got ", gate_up.sizes());
+  const int64_t n = gate_up.size(0), width = gate_up.size(1) / 2;
+  auto out = empty(n, width);
+  silu_mul_c(gate_up.const_data_ptr<float>(), n, width, at::get_num_threads(), out.mutable_data_ptr<float>());
+  return out;
+}
+
 // ---- the table: op name, where its C function's address goes, how its wrapper is registered ----
 struct Kernel {
   const char* op;
@@ -236,6 +248,7 @@ const Kernel KERNELS[] = {
     MINILLM_KERNEL(rms_norm),
     MINILLM_KERNEL(add_rms_norm),
     MINILLM_KERNEL(rope_write_kv),
+    MINILLM_KERNEL(silu_mul),
 };
 
 std::mutex registering;
