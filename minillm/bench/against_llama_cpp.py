@@ -24,7 +24,7 @@ from . import llama_cpp_batched
 LLAMA_CPP_ROW = "llama.cpp"
 LLAMA_CPP_HINT = ("llama-cpp-python is not installed: `pip install llama-cpp-python` (it builds llama.cpp "
                   "from source, several minutes; needs cmake and a C++ compiler). Skipping the llama.cpp rows.")
-BATCH1_RUNS = 3          # batch-1 decode: the fastest of 3 runs, the one least disturbed by other processes
+BATCH1_RUNS = 5          # batch-1 decode: the fastest of 5 runs, the one least disturbed (this VM moves +-10 % run to run)
 
 
 def import_llama_cpp():

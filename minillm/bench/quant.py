@@ -15,7 +15,7 @@ Each configuration gets a freshly loaded model (a model is quantized once, in pl
 engine, which measures:
   batch-1 decode   one fixed prompt, greedy, EOS ignored: the first step (prefill) is not
                    timed, the next `--decode-tokens - 1` steps are: tokens / seconds, the
-                   fastest of 3 runs; and how many of its tokens match float32's.
+                   fastest of 5 runs (BATCH1_RUNS); and how many of its tokens match float32's.
   throughput       `throughput.py`'s seeded workload (small with --quick), output tokens / s.
   bandwidth floor  the weight bytes a batch-1 step reads (`weight_bytes_per_step`: every
                    linear in its stored form, the norms, one embedding row) over the read

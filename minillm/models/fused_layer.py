@@ -83,7 +83,8 @@ class FusedDecoderLayer(nn.Module):
         self.post_attention_layernorm = layer.post_attention_layernorm        # added to the residual: add_rms_norm
         self.qkv_proj = stack_linears([attn.q_proj, attn.k_proj, attn.v_proj])
         self.o_proj = attn.o_proj
-        if hasattr(attn, "q_norm"):
+        self.has_qk_norm = hasattr(attn, "q_norm")       # a plain bool: hasattr on a module raises inside
+        if self.has_qk_norm:
             self.q_norm, self.k_norm = attn.q_norm, attn.k_norm
         self.gate_up_proj = stack_linears([mlp.gate_proj, mlp.up_proj])
         self.down_proj = mlp.down_proj
@@ -92,7 +93,7 @@ class FusedDecoderLayer(nn.Module):
     def attention(self, x: torch.Tensor, cos, sin, kv) -> torch.Tensor:
         n = x.shape[0]
         qkv = self.qkv_proj(x)
-        eager_rope = not (torch.compiler.is_compiling() or hasattr(self, "q_norm"))   # (compiled: inductor fuses)
+        eager_rope = not (torch.compiler.is_compiling() or self.has_qk_norm)   # (compiled: inductor fuses)
         caches = getattr(kv, "plain_caches", lambda i: None)(self.layer_idx) if eager_rope else None
         q = None if caches is None else fused_ops.rope_write_kv(
             qkv, cos, sin, *caches, self.num_heads, self.num_kv_heads)
@@ -102,7 +103,7 @@ class FusedDecoderLayer(nn.Module):
             d = self.head_dim
             q, k, v = qkv.split([self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d], dim=-1)
             q, k, v = q.view(n, -1, d), k.view(n, -1, d), v.view(n, -1, d)
-            if hasattr(self, "q_norm"):
+            if self.has_qk_norm:
                 q, k = self.q_norm(q), self.k_norm(k)
             out = kv.attend(self.layer_idx, apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
