@@ -55,14 +55,16 @@ def batched_label(max_seqs: int) -> str:
     return f"batched, {max_seqs} sequences at once (one llama_batch, a sequence id per request)"
 
 
-def measure_batch1(llama_cpp, path, prompt_ids, num_tokens) -> dict:
-    """Greedy batch-1 decode through the high-level API: tokens / seconds of the num_tokens - 1
-    tokens after the first (which needed the prefill), the fastest of BATCH1_RUNS."""
+def batch1_llama_cpp(llama_cpp, path, prompt_ids, num_tokens) -> dict:
+    """Greedy batch-1 decode through the high-level API, ready to run: {"run": run(count) ->
+    (seconds of the count - 1 tokens after the first, which needed the prefill; the tokens),
+    "bytes": the weights a step reads, "close": free the model}. `bench quant` runs it in turns
+    with minillm's configurations (quant.interleaved_batch1)."""
     threads = torch.get_num_threads()
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=len(prompt_ids) + num_tokens + 8, n_batch=512,
                           n_threads=threads, n_threads_batch=threads, seed=0, verbose=False)
 
-    def generate(count) -> tuple[float, list[int]]:
+    def run(count) -> tuple[float, list[int]]:
         llm.reset()                                      # no reuse of the last run's cache
         stream = llm.generate(prompt_ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0)
         out = [next(stream)]
@@ -72,20 +74,19 @@ def measure_batch1(llama_cpp, path, prompt_ids, num_tokens) -> dict:
         stream.close()
         return seconds, out
 
-    generate(4)                                          # warm up
-    seconds, tokens = min(generate(num_tokens) for _ in range(BATCH1_RUNS))
+    def close() -> None:
+        nonlocal llm
+        llm = None
     weights = {"total": int(llama_cpp.llama_model_size(llm.model))}    # every tensor: a step reads them all
-    del llm
-    return {"batch1": (num_tokens - 1) / seconds, "tokens": tokens, "bytes": weights}
+    return {"run": run, "bytes": weights, "close": close}
 
 
-def measure_all(llama_cpp, path, prompt_ids, num_tokens, workload, prompts, max_seqs) -> dict:
-    """`bench quant`'s llama.cpp row: batch-1 decode, batched throughput, prefill."""
-    row = measure_batch1(llama_cpp, path, prompt_ids, num_tokens)
+def measure_rest_llama_cpp(llama_cpp, path, workload, prompts, max_seqs) -> dict:
+    """`bench quant`'s llama.cpp row after its batch-1 turns: batched throughput, prefill."""
     batched = llama_cpp_batched.run_workload(llama_cpp, path, workload, max_seqs)
     first = llama_cpp_batched.prefill(llama_cpp, path, prompts)
-    return row | {"throughput": batched["tok_per_s"], "max_seqs": batched["max_seqs"],
-                  "ttft_s": first["ttft_s"], "prefill": first["tok_per_s"], "compile_s": 0.0}
+    return {"throughput": batched["tok_per_s"], "max_seqs": batched["max_seqs"],
+            "ttft_s": first["ttft_s"], "prefill": first["tok_per_s"]}
 
 
 def ratio_line(label: str, rows: dict, key: str) -> str:

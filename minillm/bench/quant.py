@@ -15,7 +15,8 @@ Each configuration gets a freshly loaded model (a model is quantized once, in pl
 engine, which measures:
   batch-1 decode   one fixed prompt, greedy, EOS ignored: the first step (prefill) is not
                    timed, the next `--decode-tokens - 1` steps are: tokens / seconds, the
-                   fastest of 5 runs (BATCH1_RUNS); and how many of its tokens match float32's.
+                   fastest of 5 runs (BATCH1_RUNS), every configuration and llama.cpp taking
+                   turns (all engines are built first); and how many of its tokens match float32's.
   throughput       `throughput.py`'s seeded workload (small with --quick), output tokens / s.
   bandwidth floor  the weight bytes a batch-1 step reads (`weight_bytes_per_step`: every
                    linear in its stored form, the norms, one embedding row) over the read
@@ -36,6 +37,8 @@ llama-cpp-python is optional (`pip install llama-cpp-python`; it compiles llama.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import gc
 import json
 import os
 import platform
@@ -49,7 +52,7 @@ from ..models import load_model
 from ..models.embedded import EMBEDDED_NAME, GGUF_FILE
 from ..sampling_params import SamplingParams
 from .against_llama_cpp import (BATCH1_RUNS, LLAMA_CPP_HINT, LLAMA_CPP_ROW, batched_label,  # noqa: F401
-                                find_llama_cpp, measure_all, ratio_line)
+                                batch1_llama_cpp, find_llama_cpp, measure_rest_llama_cpp, ratio_line)
 from .ceiling import read_bandwidth_bytes_per_second
 from .prefill import prefill_prompts, timed_prefill
 from .throughput import background_load, make_workload
@@ -133,18 +136,36 @@ def row_quantizations(args) -> tuple[str, ...]:
     return () if args.quantization == NO_QUANTIZATION else (args.quantization,)
 
 
-def measure_minillm(args, quantization, compiled, prompt_ids, workload, prompts) -> dict:
+def build_minillm(args, quantization, compiled) -> dict:
+    """One configuration's engine, its compiled buckets built, warmed up; its batch-1 runs come later."""
     config = engine_config_from_args(args, compile=compiled, quantization=quantization)
     model, tokenizer = load_model(args.model, device=config.device, dtype=config.dtype)
     engine = LLMEngine(model, tokenizer, config)
     compile_s = compile_every_bucket(engine) if compiled else 0.0
     fell_back = getattr(getattr(engine.runner.run_decode, "__self__", None), "failed", False)
-    timed_decode_steps(engine, prompt_ids, 4)          # warm up: threads, caches, the prompt's blocks
-    seconds, tokens = min(timed_decode_steps(engine, prompt_ids, args.decode_tokens) for _ in range(BATCH1_RUNS))
+    return {"engine": engine, "compile_s": compile_s, "compile_failed": fell_back,
+            "bytes": weight_bytes_per_step(engine.model)}
+
+
+def interleaved_batch1(runs: dict, num_tokens: int) -> dict:
+    """{name: (tok/s, tokens)}: each `runs[name]() -> (seconds, tokens)` run BATCH1_RUNS times, the
+    configurations taking turns, the fastest run of each counted. Why turns: this VM's speed moves
+    by +-10 % over minutes; run one after another, a ratio would compare two moments."""
+    for run in runs.values():
+        run(4)                                             # warm up: threads, caches, the prompt's blocks
+    best = {}
+    for _ in range(BATCH1_RUNS):
+        for name, run in runs.items():
+            seconds, tokens = run(num_tokens)
+            if name not in best or seconds < best[name][0]:
+                best[name] = (seconds, tokens)
+    return {name: ((num_tokens - 1) / seconds, tokens) for name, (seconds, tokens) in best.items()}
+
+
+def measure_rest(engine, workload, prompts) -> dict:
+    """A configuration's throughput workload and 512-token prefill (after the batch-1 turns)."""
     first = timed_prefill(engine, prompts)
-    return {"batch1": (args.decode_tokens - 1) / seconds, "tokens": tokens,
-            "throughput": run_workload(engine, workload), "ttft_s": first["ttft_s"], "prefill": first["tok_per_s"],
-            "bytes": weight_bytes_per_step(engine.model), "compile_s": compile_s, "compile_failed": fell_back}
+    return {"throughput": run_workload(engine, workload), "ttft_s": first["ttft_s"], "prefill": first["tok_per_s"]}
 
 
 def agreement(tokens: list[int], reference: list[int]) -> float:
@@ -197,15 +218,27 @@ def main(args) -> dict:
     print(f"prompt {len(prompt_ids)} tokens, {args.decode_tokens} decode tokens; workload {len(workload)} "
           f"prompts, {sum(n for _, n in workload)} output tokens; prefill {len(prompts[0])} tokens; "
           f"read bandwidth {bandwidth / 1e9:.1f} GB/s; {torch.get_num_threads()} threads", flush=True)
-    rows = {}
+    rows, runs = {}, {}
     for name, quantization, compiled in configurations(args.compile, row_quantizations(args)):
-        print(f"measuring {name}{' (compiling every bucket first: minutes when cold)' if compiled else ''}...",
+        print(f"building {name}{' (compiling every bucket first: minutes when cold)' if compiled else ''}...",
               flush=True)
-        rows[name] = measure_minillm(args, quantization, compiled, prompt_ids, workload, prompts)
-    if path is not None:
-        print(f"measuring {LLAMA_CPP_ROW} ({GGUF_FILE})...", flush=True)
-        rows[LLAMA_CPP_ROW] = measure_all(llama_cpp, path, prompt_ids, args.decode_tokens, workload, prompts,
-                                          config.max_num_seqs)
+        rows[name] = build_minillm(args, quantization, compiled)
+        runs[name] = functools.partial(timed_decode_steps, rows[name]["engine"], prompt_ids)
+    llama = batch1_llama_cpp(llama_cpp, path, prompt_ids, args.decode_tokens) if path is not None else None
+    if llama is not None:
+        runs[LLAMA_CPP_ROW], rows[LLAMA_CPP_ROW] = llama["run"], {"bytes": llama["bytes"], "compile_s": 0.0}
+    print(f"batch-1 decode, {BATCH1_RUNS} turns of {', '.join(runs)}...", flush=True)
+    for name, (tok_s, tokens) in interleaved_batch1(runs, args.decode_tokens).items():
+        rows[name] |= {"batch1": tok_s, "tokens": tokens}
+    if llama is not None:
+        llama["close"]()
+    for name in [n for n in rows if n != LLAMA_CPP_ROW]:
+        print(f"measuring {name}: throughput workload, prefill...", flush=True)
+        rows[name] |= measure_rest(rows[name].pop("engine"), workload, prompts)
+        gc.collect()        # the engine just measured holds reference cycles: free it before the next one runs
+    if llama is not None:
+        print(f"measuring {LLAMA_CPP_ROW} ({GGUF_FILE}): throughput workload, prefill...", flush=True)
+        rows[LLAMA_CPP_ROW] |= measure_rest_llama_cpp(llama_cpp, path, workload, prompts, config.max_num_seqs)
     notes += [f"{k}: torch.compile failed, the step ran eagerly (see the warning above)"
               for k, r in rows.items() if r.get("compile_failed")]
     if "int8" in rows:
