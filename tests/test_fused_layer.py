@@ -144,3 +144,22 @@ def test_op_count_bench_counts_fewer_operations_fused():
     assert counts["fused"]["aten.pow"] == 0 and counts["plain"]["aten.pow"] == 2 * layers + 1   # RMSNorm's ops: gone
     assert fused < plain / 2, (plain, fused)
     main(["--model", "tiny-llama", "--batch", "1", "--context", "8"])             # the command prints its table
+
+
+def test_an_engine_on_a_float32_cpu_model_shares_its_stacked_weights(smol):
+    """share_stacked_weights lays the handed model's q/k/v and gate/up out as blocks of one tensor, so the
+    engine's stacked linears (and gate/up's packed copy) are that memory, not a second copy of the model."""
+    from minillm.models.cpu_linear import PanelLinear
+    model = smol[0]
+    values = {k: v.clone() for k, v in model.state_dict().items()}
+    own = model_for_engine(model, torch.device("cpu"), torch.float32, None)
+    same_memory = lambda a, b: a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    for fused, plain in zip(own.model.layers, model.model.layers):
+        assert same_memory(fused.qkv_proj.weight, plain.self_attn.q_proj.weight)
+        assert same_memory(fused.gate_up_proj.weight, plain.mlp.up_proj.weight)
+        assert isinstance(fused.gate_up_proj, PanelLinear) and isinstance(plain.mlp.gate_proj, PanelLinear)
+        assert same_memory(fused.gate_up_proj.panels, plain.mlp.up_proj.panels)
+    assert all(torch.equal(values[k], v) for k, v in model.state_dict().items())      # same values
+    x = torch.randn(3, model.config.hidden_size)
+    up = model.model.layers[0].mlp.up_proj
+    torch.testing.assert_close(up(x), x @ values["model.layers.0.mlp.up_proj.weight"].t(), rtol=1e-5, atol=1e-5)

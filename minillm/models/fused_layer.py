@@ -30,21 +30,87 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import fused_ops
-from .cpu_linear import PanelLinear
+from .cpu_linear import PANEL, PanelLinear, to_panels
 from .llama import DecoderLayer, RMSNorm, apply_rope
 
 
+def rows_of_one_tensor(weights: list[torch.Tensor]) -> torch.Tensor | None:
+    """The one column-major tensor these weights are consecutive row blocks of (as
+    `share_stacked_weights` lays them out), over the same memory; None if they are not."""
+    first, rows = weights[0], sum(w.shape[0] for w in weights)
+    offset, storage = first.storage_offset(), first.untyped_storage().data_ptr()
+    for w in weights:
+        if (w.dim() != 2 or w.stride() != (1, rows) or w.storage_offset() != offset
+                or w.untyped_storage().data_ptr() != storage or w.shape[1] != first.shape[1]):
+            return None
+        offset += w.shape[0]
+    return first.new_empty(0).set_(first.untyped_storage(), first.storage_offset(), (rows, first.shape[1]),
+                                   (1, rows))
+
+
 def stack_linears(linears: list[nn.Module]) -> nn.Linear:
-    """One nn.Linear whose output is the given linears' outputs side by side (a copy of their weights)."""
+    """One nn.Linear whose output is the given linears' outputs side by side: over the same memory when
+    their weights are row blocks of one tensor (`share_stacked_weights`), else a copy."""
     first = linears[0]
-    weight = torch.cat([lin.weight.detach() for lin in linears])
+    weights = [lin.weight.detach() for lin in linears]
+    weight = rows_of_one_tensor(weights) if first.weight.device.type == "cpu" else None
+    if weight is None:
+        weight = torch.cat(weights)
+        weight = weight.t().contiguous().t() if weight.device.type == "cpu" else weight   # CPU: column-major
     stacked = nn.Linear(first.in_features, weight.shape[0], bias=first.bias is not None,
                         device="meta", dtype=weight.dtype)
-    stacked.weight = nn.Parameter(weight.t().contiguous().t() if weight.device.type == "cpu" else weight,
-                                  requires_grad=False)       # CPU: column-major, as llama.py lays float weights
+    stacked.weight = nn.Parameter(weight, requires_grad=False)
     if first.bias is not None:
         stacked.bias = nn.Parameter(torch.cat([lin.bias.detach() for lin in linears]), requires_grad=False)
-    return stacked
+    panels = shared_panels(linears) if all(type(lin) is PanelLinear for lin in linears) else None
+    if panels is None:
+        return stacked
+    packed = PanelLinear(stacked, first.kernel)          # its packed copy: the sources' (share_stacked_weights)
+    packed.panels = panels
+    return packed
+
+
+def shared_panels(linears: list[PanelLinear]) -> torch.Tensor | None:
+    """The one [N / 32, K, 32] tensor these PanelLinears' packed weights are consecutive blocks of, or None."""
+    first = linears[0].panels
+    offset, storage = first.storage_offset(), first.untyped_storage().data_ptr()
+    for lin in linears:
+        p = lin.panels
+        if (not p.is_contiguous() or p.storage_offset() != offset or p.untyped_storage().data_ptr() != storage
+                or p.shape[1:] != first.shape[1:] or lin._weight_identity() != lin.packed_from):
+            return None
+        offset += p.numel()
+    total = sum(lin.panels.shape[0] for lin in linears)
+    return first.new_empty(0).set_(first.untyped_storage(), first.storage_offset(), (total, *first.shape[1:]))
+
+
+def projection_groups(layer: DecoderLayer) -> list[tuple[nn.Module, ...]]:
+    """The projections a fused layer stacks: q/k/v, and gate/up."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return [(attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj)]
+
+
+@torch.no_grad()
+def share_stacked_weights(model: nn.Module) -> None:
+    """Re-lay each fusable layer's q/k/v weights (and gate/up) as row blocks of one column-major tensor,
+    in place: same values, shapes and state dict, another byte order, as use_column_major_weights.
+    Why: an engine on a float32 CPU model shares its weights (engine_model.py); its stacked linears
+    are then these tensors (`stack_linears`), not a second copy of most of the model."""
+    for layer in model.model.layers:
+        if not can_fuse(layer):
+            continue
+        for group in projection_groups(layer):
+            weights = [lin.weight for lin in group]
+            if weights[0].device.type != "cpu" or rows_of_one_tensor(weights) is not None:
+                continue
+            stacked, start = torch.cat([w.detach() for w in weights]).t().contiguous().t(), 0
+            panels = to_panels(stacked) if all(type(lin) is PanelLinear for lin in group) else None
+            for lin in group:
+                rows = lin.weight.shape[0]
+                lin.weight.data = stacked[start:start + rows]
+                if panels is not None:   # PanelLinear's packed copy, as blocks of one tensor too
+                    lin.panels, lin.packed_from = panels[start // PANEL:(start + rows) // PANEL], lin._weight_identity()
+                start += rows
 
 
 def can_fuse(layer: nn.Module) -> bool:
@@ -52,8 +118,7 @@ def can_fuse(layer: nn.Module) -> bool:
     which load_model puts in place of the large ones on CPU), biases alike."""
     if type(layer) is not DecoderLayer:
         return False
-    attn, mlp = layer.self_attn, layer.mlp
-    groups = [(attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj)]
+    groups = projection_groups(layer)
     return all(type(lin) in (nn.Linear, PanelLinear) and (lin.bias is None) == (group[0].bias is None)
                and lin.weight.dtype == group[0].weight.dtype and lin.weight.device == group[0].weight.device
                for group in groups for lin in group)

@@ -10,13 +10,14 @@ first one's changes. So the runner builds its own tree:
   - new module objects and new Parameter objects over the SAME tensors (no copy of a weight),
     then every swap and conversion happens on that tree only;
   - a float32 CPU model is laid out column-major in place first (same values, same shapes and
-    state dict; F.linear reads it 1.5-3x faster at decode: LlamaForCausalLM.use_column_major_weights).
+    state dict; F.linear reads it 1.5-3x faster at decode: LlamaForCausalLM.use_column_major_weights),
+    with each layer's q/k/v and gate/up as row blocks of one tensor (fused_layer.share_stacked_weights).
     That byte order is the one thing an engine does to the model it is handed; it changes no value,
     and doing it on a copy would double the weights' memory.
 
-Memory, beside the handed model's weights (which stay shared): the stacked q/k/v and gate/up
-weights (a copy; the separate ones are freed with the handed model when no one else holds it,
-as in `LLM`), PanelLinear's packed copy of
+Memory, beside the handed model's weights (which stay shared, the stacked q/k/v and gate/up too:
+the handed float32 CPU model's projections are laid out once as row blocks of one tensor each,
+`share_stacked_weights`), PanelLinear's packed copy of
 each large CPU linear (as before this tree existed), quantized weights when asked for (an
 `LLM(quantization=...)` holds no other reference to its float model, so the float linears
 are freed), and a full converted copy when another dtype or device is asked for.
@@ -29,7 +30,7 @@ import torch
 from torch import nn
 
 from ..models.cpu_linear import use_panel_linears
-from ..models.fused_layer import fuse_decoder_layers
+from ..models.fused_layer import fuse_decoder_layers, share_stacked_weights
 from ..quant import quantize_model
 
 
@@ -78,3 +79,4 @@ def lay_out_column_major_once(model: nn.Module) -> None:
     if not getattr(model, "_placed", False):           # load_model's models are laid out already
         model.use_column_major_weights()
         model._placed = True
+    share_stacked_weights(model)                       # once: a no-op when already laid out so
