@@ -24,6 +24,12 @@ from . import llama_cpp_batched
 LLAMA_CPP_ROW = "llama.cpp"
 LLAMA_CPP_HINT = ("llama-cpp-python is not installed: `pip install llama-cpp-python` (it builds llama.cpp "
                   "from source, several minutes; needs cmake and a C++ compiler). Skipping the llama.cpp rows.")
+# On an Intel CPU with AMX (Sapphire Rapids and later), llama-cpp-python 0.3.36 built with its native
+# flags segfaults in ggml's AMX matmul on this model (llama.cpp issue #20824), killing the bench with it.
+# A build for the same CPU without AMX runs: `CMAKE_ARGS="$AMX_FREE_CMAKE_ARGS" pip install llama-cpp-python`.
+AMX_FREE_CMAKE_ARGS = ("-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON "
+                       "-DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON "
+                       "-DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF")
 BATCH1_RUNS = 5          # batch-1 decode: the fastest of 5 runs, the one least disturbed (this VM moves +-10 % run to run)
 
 
