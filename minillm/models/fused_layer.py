@@ -16,8 +16,8 @@ milliseconds' worth of weights. So the engine's own model (runner/engine_model.p
     fewer matmuls.
   - RMSNorm (the final one too), the residual add + RMSNorm, RoPE + the K/V write, and SiLU(gate) * up
     as one C call each
-    (fused_ops.c) in eager CPU float32 steps; the torch ops otherwise (and inside
-    torch.compile, which fuses them itself).
+    (fused_ops.c) in CPU float32 steps; the torch ops otherwise (and for RoPE + the K/V write
+    inside torch.compile, which fuses them itself).
 
 The result is the same computation: RoPE bit for bit, the norms up to the order of a sum
 (float rounding), the projections up to which kernel runs a matmul. Layers this cannot

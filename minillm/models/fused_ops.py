@@ -2,8 +2,12 @@
 
 Why: at decode a layer's elementwise work is tiny and its cost is the torch ops' dispatch
 (RMSNorm alone is 7 ops, RoPE on q and k with the K/V write 16, SiLU * up with the split 5). `fused_layer.py` calls
-these in eager CPU float32 steps; anywhere else (CUDA, other dtypes, no C compiler, inside
-torch.compile, which fuses the same ops into its own loops) it runs the torch ops.
+these in CPU float32 steps; anywhere else (CUDA, other dtypes, no C compiler) it runs the torch ops.
+Inside torch.compile the norms and SiLU * up stay these ops too (`in_graph`): inductor's loops for
+them cost more than the C calls (a compiled w4a8 batch-1 step 8.6 -> 7.9 ms on a 2-core Xeon,
+`python -m minillm.bench.step_profile --quantization w4a8 --compile --max-num-seqs 1`); RoPE + the
+K/V write, which writes into the caches, is left to inductor (a mutating op in a graph is
+functionalized, at the risk of a copy of the cache).
 
 Each is a torch op, `torch.ops.minillm.rms_norm` etc., whose CPU kernel is utils/torch_ops.cpp's
 C++ wrapper where it built (a cheaper call than ctypes), else the ctypes call below. The
@@ -72,11 +76,12 @@ define_op("silu_mul(Tensor gate_up) -> Tensor", silu_mul_ctypes,
           lambda gate_up: gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2), KERNEL, "silu_mul")
 
 
-def native(x: torch.Tensor) -> bool:
+def native(x: torch.Tensor, in_graph: bool = False) -> bool:
     """The common case, checked cheaply: the C++ ops are built and x is contiguous float32 on the CPU,
-    eagerly. The C++ wrapper checks every other tensor itself (a clear ValueError, never a bad read)."""
+    eagerly (or inside torch.compile, `in_graph`). The C++ wrapper checks every other tensor itself
+    (a clear ValueError, never a bad read)."""
     return (KERNEL.native and x.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous()
-            and not torch.compiler.is_compiling())
+            and (in_graph or not torch.compiler.is_compiling()))
 
 
 def usable(*tensors: torch.Tensor) -> bool:
@@ -87,7 +92,7 @@ def usable(*tensors: torch.Tensor) -> bool:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
     """RMSNorm of x [..., D] by weight [D], or None (module doc)."""
-    if native(x):
+    if native(x, in_graph=True):
         return torch.ops.minillm.rms_norm(x, weight, eps)
     if not usable(x, weight):
         return None
@@ -96,7 +101,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor 
 
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float):
     """(x + delta, RMSNorm(x + delta)) in one pass, or None (module doc)."""
-    if native(x):
+    if native(x, in_graph=True):
         return torch.ops.minillm.add_rms_norm(x, delta, weight, eps)
     if not usable(x, delta, weight) or x.shape != delta.shape:
         return None
@@ -121,7 +126,7 @@ def rope_write_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cac
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
     """silu(gate) * up from the fused projection's gate_up [N, 2 I] = gate | up, or None (module doc)."""
-    if native(gate_up):
+    if native(gate_up, in_graph=True):
         return torch.ops.minillm.silu_mul(gate_up)
     if not usable(gate_up) or gate_up.dim() != 2:
         return None
