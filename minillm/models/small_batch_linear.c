@@ -17,11 +17,12 @@
  *
  * Two details decide its speed at batch 1. The tile is as tall as the rows there are
  * (6, 2 or 1), not 6 with a lone row computed six times. And each k asks for the weights
- * 16 k ahead (__builtin_prefetch): a panel is one stream, and on an Intel Xeon (Sapphire
+ * 32 k ahead (__builtin_prefetch): a panel is one stream, and on an Intel Xeon (Sapphire
  * Rapids, 2 cores) the hardware prefetcher alone fed it at ~10 ns a k whatever its width.
  * `python -m minillm.quant.speed --methods float32 panel`, 30 layers, ms at 1 / 8 / 32 rows:
- * before 26.7 / 33.1 / 48.4, after 20.7 / 28.5 / 43.0 (MKL's F.linear 14.9-15.8 / 34-37 /
- * 49-53: MKL still wins at one row on that CPU; quantized_linear.c gains more, int8 17.8 -> 7.5).
+ * before 26.7 / 33.1 / 48.4, after 20.7-22.3 / 28.4-29.8 / 43.0-45.6 over runs (16 or 32 k
+ * ahead measured alike; MKL's F.linear 14.9-17.0 / 34-38 / 49-54: MKL still wins at one row on
+ * that CPU; quantized_linear.c gains more, int8 17.8 -> 7.5).
  */
 #include <stdint.h>
 
