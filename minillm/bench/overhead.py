@@ -126,20 +126,27 @@ def summarize(steps: list[dict]) -> dict:
     return out
 
 
-def measure(engine, batch: int, context: int, steps: int, profile: int = 0) -> dict:
-    """Decode `batch` requests together; the split of `steps` pure decode steps and, when
-    `profile`, cProfile's top functions over as many steps again (apart: the profiler's own
-    cost would swell the split)."""
-    runs = 2 if profile else 1
-    params = SamplingParams(temperature=0, max_tokens=runs * steps + WARMUP_STEPS + 2, ignore_eos=True)
+def start_decoding(engine, batch: int, context: int, steps: int) -> list[str]:
+    """`batch` requests of `context` distinct prompt tokens, prefilled and WARMUP_STEPS decode steps
+    in, with `steps` more decode steps left (and two to spare). Returns their request ids."""
+    params = SamplingParams(temperature=0, max_tokens=steps + WARMUP_STEPS + 2, ignore_eos=True)
     vocab = engine.resolved.vocab_size
-    for i in range(batch):
+    ids = [f"decode-{batch}-{i}-{time.monotonic_ns()}" for i in range(batch)]
+    for i, request_id in enumerate(ids):
         prompt = [(1000 + 7 * i + 13 * j) % vocab for j in range(context)]    # distinct: no prefix sharing
-        engine.add_request(f"overhead-{batch}-{i}-{time.monotonic_ns()}", prompt, params)
+        engine.add_request(request_id, prompt, params)
     while not all(len(s) > context for s in engine.scheduler.running) or engine.scheduler.waiting:
         engine.step()                                   # the prefills (chunked when the budget says so)
     for _ in range(WARMUP_STEPS):
         engine.step()
+    return ids
+
+
+def measure(engine, batch: int, context: int, steps: int, profile: int = 0) -> dict:
+    """Decode `batch` requests together; the split of `steps` pure decode steps and, when
+    `profile`, cProfile's top functions over as many steps again (apart: the profiler's own
+    cost would swell the split)."""
+    start_decoding(engine, batch, context, (2 if profile else 1) * steps)
     with StepTimer(engine) as timer:
         for _ in range(steps):
             timer.step()

@@ -148,7 +148,7 @@ def build_minillm(args, quantization, compiled) -> dict:
 
 
 def interleaved_batch1(runs: dict, num_tokens: int) -> dict:
-    """{name: (tok/s, tokens)}: each `runs[name]() -> (seconds, tokens)` run BATCH1_RUNS times, the
+    """{name: (tok/s, tokens)}: each `runs[name](num_tokens) -> (seconds, tokens)` run BATCH1_RUNS times, the
     configurations taking turns, the fastest run of each counted. Why turns: this VM's speed moves
     by +-10 % over minutes; run one after another, a ratio would compare two moments."""
     for run in runs.values():

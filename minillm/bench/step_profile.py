@@ -6,7 +6,7 @@
 `bench quant` says how fast a configuration decodes, `bench overhead` how much of a step is the
 engine's own Python, `op_count` how many operations a step asks for. This says which operators
 the time goes to: `batch` requests of `context` prompt tokens are prefilled and decoded a few
-steps (with `--compile`, the bucket's graph is built then), then `--steps` decode steps are
+steps (overhead.start_decoding; with `--compile`, the bucket's graph is built then), then `--steps` decode steps are
 timed without the profiler and profiled with it. Per operator: its own CPU time (children not
 included) and calls, both per step; the C kernels appear as `minillm::<op>`, a compiled graph's
 generated loops as the graph's own time. The profiler adds its own cost to every op it records
@@ -20,28 +20,12 @@ import time
 import torch
 
 from ..cli.engine_args import add_engine_arguments
-from ..sampling_params import SamplingParams
-from .overhead import build_engine
-
-WARMUP_STEPS = 4
-
-
-def decoding_requests(engine, batch: int, context: int, steps: int) -> list[str]:
-    """`batch` requests of `context` distinct tokens, prefilled and past their first decode steps."""
-    vocab = engine.model.config.vocab_size
-    params = SamplingParams(temperature=0, max_tokens=2 * steps + 2 * WARMUP_STEPS + 8, ignore_eos=True)
-    ids = [f"profile-{time.monotonic_ns()}-{i}" for i in range(batch)]
-    for i, request_id in enumerate(ids):
-        engine.add_request(request_id, [(7 + i * context + j) % vocab for j in range(context)], params)
-    while engine.scheduler.waiting or any(                        # prefill (chunks) then a few decodes
-            len(s.output_token_ids) < WARMUP_STEPS for s in engine.scheduler.running):
-        engine.step()
-    return ids
+from .overhead import build_engine, start_decoding
 
 
 def profile_decode(engine, batch: int, context: int, steps: int) -> dict:
     """{"step_ms": unprofiled decode step, "ops": [(name, self ms per step, calls per step)], slowest first}."""
-    ids = decoding_requests(engine, batch, context, steps)
+    ids = start_decoding(engine, batch, context, 2 * steps)
     start = time.perf_counter()
     for _ in range(steps):
         engine.step()
@@ -66,8 +50,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--threads", type=int, default=None)
     add_engine_arguments(parser, dtype="float32")
     args = parser.parse_args(argv)
-    engine = build_engine(argparse.Namespace(**{**vars(args), "steps": 2 * args.steps + 2 * WARMUP_STEPS}),
-                          [args.batch])
+    engine = build_engine(argparse.Namespace(**{**vars(args), "steps": 2 * args.steps}), [args.batch])
     result = profile_decode(engine, args.batch, args.context, args.steps)
     total = sum(ms for _, ms, _ in result["ops"])
     print(f"decode step, batch {args.batch}, context {args.context}: {result['step_ms']:.2f} ms unprofiled; "
