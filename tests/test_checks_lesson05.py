@@ -138,3 +138,73 @@ def test_check_scheduler_accepts_the_planted_base_with_no_knob_turned():
         "ignores_seats", "skeleton"])
 def test_check_scheduler_rejects(bad, match):
     rejects(checks.check_scheduler, bad, match)
+
+
+class SchedulerBudgetsBeforeAllocate(ContinuousBatchingScheduler):
+    """The reference with one mistake learners make: a new prompt is budgeted with
+    seq.num_uncomputed_tokens read before allocate(), not self.bm.num_tokens_to_compute(seq).
+    On a prefix-cache hit allocate() marks the cached prefix computed, so the plan feeds
+    more tokens than the sequence has left (the engine's rope_write_kv then fails)."""
+
+    def schedule(self):
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        for seq in self.running:
+            n = min(seq.num_uncomputed_tokens, budget)
+            if n > 0 and self.bm.can_append(seq, n):
+                self.bm.append_slots(seq, n)
+                out.scheduled.append((seq, n))
+                budget -= n
+        while budget > 0 and self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            n = seq.num_uncomputed_tokens               # the mistake: the whole prompt, cached prefix included
+            if (n > budget and not self.chunked) or not self.bm.can_allocate(seq):
+                break
+            self.waiting.pop(0)
+            self.bm.allocate(seq)
+            n = min(n, budget)
+            self.bm.append_slots(seq, n)
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            out.scheduled.append((seq, n))
+            budget -= n
+        return out
+
+
+def test_check_scheduler_rejects_budgeting_the_cached_prefix():
+    """A prefix-cache hit: the plan must feed what the block manager says is left to compute."""
+    rejects(checks.check_scheduler, SchedulerBudgetsBeforeAllocate,
+            r"cached prefix.*self\.bm\.num_tokens_to_compute\(seq\)")
+
+
+class SchedulerFitsWholePrompt(SchedulerBudgetsBeforeAllocate):
+    """Feeds the right tokens, but decides whether a new prompt fits by its whole length: a
+    prompt whose cached prefix needs no feeding waits though what is left would fit."""
+
+    def schedule(self):
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        for seq in self.running:
+            n = min(seq.num_uncomputed_tokens, budget)
+            if n > 0 and self.bm.can_append(seq, n):
+                self.bm.append_slots(seq, n)
+                out.scheduled.append((seq, n))
+                budget -= n
+        while budget > 0 and self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if (len(seq) > budget and not self.chunked) or not self.bm.can_allocate(seq):   # the mistake
+                break
+            self.waiting.pop(0)
+            self.bm.allocate(seq)
+            n = min(seq.num_uncomputed_tokens, budget)
+            self.bm.append_slots(seq, n)
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            out.scheduled.append((seq, n))
+            budget -= n
+        return out
+
+
+def test_check_scheduler_rejects_waiting_for_room_the_cached_prefix_does_not_need():
+    rejects(checks.check_scheduler, SchedulerFitsWholePrompt,
+            r"left waiting though it fits.*num_tokens_to_compute\(seq\) = \d+ does")

@@ -1,6 +1,7 @@
 """Lesson 05's grader, `check_scheduler`: the learner's `schedule()` (the core of
-`engine.scheduler.ContinuousBatchingScheduler`) driven without a model over three scenarios
-(staggered arrivals, a pool that fills up, chunked prefill), with the token budget, the
+`engine.scheduler.ContinuousBatchingScheduler`) driven without a model over five scenarios
+(staggered arrivals, a pool that fills up, chunked prefill, prompts that share a prefix
+with and without chunking: prefix-cache hits), with the token budget, the
 seats, admission order and fairness checked at every step, then run in the engine. A
 scheduling bug shows up as a hang or a starved request rather than wrong text, so the
 grader checks each step.
@@ -16,15 +17,21 @@ class _Scenario:
     """Requests fed to a scheduler with no model: (prompt length, max_tokens, arrival step)."""
 
     def __init__(self, label, requests, *, num_blocks=64, block_size=4, max_num_seqs=4, budget=16,
-                 chunked=False, note=""):
-        self.label, self.requests, self.note = label, requests, note
+                 chunked=False, shared=0, note=""):
+        self.label, self.requests, self.note, self.shared = label, requests, note, shared
         self.num_blocks, self.block_size = num_blocks, block_size
         self.max_num_seqs, self.budget, self.chunked = max_num_seqs, budget, chunked
 
     def __str__(self):
         return (f"{self.label}: {len(self.requests)} requests, max_num_seqs={self.max_num_seqs}, "
                 f"max_num_batched_tokens={self.budget}, chunked prefill {'on' if self.chunked else 'off'}, "
-                f"{self.num_blocks} blocks of {self.block_size}")
+                f"{self.num_blocks} blocks of {self.block_size}"
+                + (f", every prompt starts with the same {self.shared} tokens" if self.shared else ""))
+
+    def prompt(self, i: int, n: int) -> list[int]:
+        """Request i's n prompt tokens: the shared prefix (as much as fits), then its own."""
+        shared = min(self.shared, n)
+        return list(range(shared)) + [1000 * (i + 1) + j for j in range(n - shared)]
 
 
 _SCENARIOS = [
@@ -37,6 +44,13 @@ _SCENARIOS = [
     _Scenario("chunked prefill of prompts longer than the budget",
               [(4, 10, 0), (20, 4, 1), (3, 8, 1), (13, 5, 2), (30, 3, 3)],
               max_num_seqs=3, budget=8, chunked=True),
+    # a later prompt finds the first one's full blocks in the prefix cache: allocate() marks them
+    # computed, so it feeds only the rest (request 2 is the prefix itself: its last block is fed again)
+    _Scenario("prompts that share a prefix (prefix-cache hits)",
+              [(12, 5, 0), (10, 3, 2), (8, 4, 3), (13, 2, 3), (9, 6, 4), (14, 3, 7)], shared=8),
+    _Scenario("prompts that share a prefix, chunked prefill (prefix-cache hits)",
+              [(12, 4, 0), (14, 3, 3), (8, 5, 3), (17, 2, 4), (11, 3, 6)],
+              max_num_seqs=3, budget=8, chunked=True, shared=8),
 ]
 
 # the engine runs: pools in which three sequences always fit at their longest (nothing to preempt)
@@ -87,7 +101,7 @@ def _simulate(g, cls, sc: _Scenario, max_steps: int, verify: bool = True) -> int
     with g.case(f"constructing cls(BlockManager({sc.num_blocks}, {sc.block_size}), {config})"):
         sched = cls(bm, config)
     S = Seqs()
-    seqs = [S.new([1000 * i + j for j in range(n)], max_tokens=m) for i, (n, m, _) in enumerate(sc.requests)]
+    seqs = [S.new(sc.prompt(i, n), max_tokens=m) for i, (n, m, _) in enumerate(sc.requests)]
     arrive = [a for _, _, a in sc.requests]
     never_admitted, admitted_at, where = set(), {}, f"({sc})"
     for t in range(max_steps):
@@ -141,7 +155,16 @@ def _check_step(t, sc, sched, bm, plan, running_before, never_admitted, names, w
            f"step {t}: {len(sched.running)} sequences are running, more than max_num_seqs={sc.max_num_seqs}: "
            f"admit only while len(self.running) < self.max_num_seqs {where}")
     expect(len({s for s, _ in plan}) == len(plan), f"step {t}: a sequence was scheduled twice {where}")
+    was_running = set(running_before)
     for s, n in plan:
+        if isinstance(n, int) and n > s.num_uncomputed_tokens and s not in was_running and s.num_computed_tokens:
+            raise AssertionError(
+                f"step {t}: {names[s]} ({len(s)} tokens) was admitted with a prefix-cache hit: allocate() found "
+                f"its first {s.num_computed_tokens} tokens in the cache and marked them computed, so only "
+                f"{s.num_uncomputed_tokens} are left to feed, but it was given {n}. seq.num_uncomputed_tokens read "
+                f"before allocate() still counts the cached prefix: budget a new prompt with "
+                f"self.bm.num_tokens_to_compute(seq) (what the block manager says must be computed), and feed "
+                f"min(that, budget left). The engine would write K/V past the sequence's end {where}")
         expect(isinstance(n, int) and 1 <= n <= s.num_uncomputed_tokens,
                f"step {t}: {names[s]} was given {n!r} tokens but has {s.num_uncomputed_tokens} still to "
                f"feed: schedule between 1 and seq.num_uncomputed_tokens {where}")
@@ -183,13 +206,18 @@ def _check_step(t, sc, sched, bm, plan, running_before, never_admitted, names, w
         waiting = [w for w in sched.waiting if w.status is Status.WAITING]
         head = min(waiting, key=_arrival) if waiting else None
         room = sc.budget - sum(fed.values())
-        if head is not None and bm.can_allocate(head) and (room >= len(head) or (sc.chunked and room > 0)):
+        need = bm.num_tokens_to_compute(head) if head is not None else 0
+        if head is not None and bm.can_allocate(head) and (room >= need or (sc.chunked and room > 0)):
+            cached = len(head) - need
             raise AssertionError(
-                f"step {t}: {names[head]} ({len(head)} tokens) was left waiting though it fits: "
-                f"{len(sched.running)} of {sc.max_num_seqs} sequences running, {room} tokens of budget "
-                f"left, blocks free. "
+                f"step {t}: {names[head]} ({len(head)} tokens"
+                + (f", {cached} of them in the prefix cache" if cached else "")
+                + f") was left waiting though it fits: {len(sched.running)} of {sc.max_num_seqs} sequences "
+                f"running, {room} tokens of budget left, blocks free. "
                 + (f"With chunked prefill on, a prompt longer than the budget left is admitted with a "
-                   f"first chunk of min(its tokens, budget left) = {room} tokens " if room < len(head) else
+                   f"first chunk of min(its tokens, budget left) = {room} tokens " if room < need else
+                   f"Its cached prefix needs no feeding: it fits when self.bm.num_tokens_to_compute(seq) = "
+                   f"{need} does, not its whole length " if cached and room < len(head) else
                    "Continuous batching admits new requests every step, not only when the batch is empty ")
                 + where)
 
@@ -198,12 +226,14 @@ def _check_step(t, sc, sched, bm, plan, running_before, never_admitted, names, w
 def check_scheduler(cls) -> bool:
     """cls: a `scheduler.ContinuousBatchingScheduler` subclass overriding `schedule(self) -> SchedulerOutput`.
 
-    Drives it without a model over three scenarios (staggered arrivals, a pool so small
+    Drives it without a model over five scenarios (staggered arrivals, a pool so small
     that running sequences must wait for a free block and waiting ones for room, chunked
-    prefill with prompts longer than the budget), doing after each step what the engine
+    prefill with prompts longer than the budget, prompts sharing a prefix with chunked
+    prefill off and on, so a later prompt's first blocks are prefix-cache hits), doing after each step what the engine
     does (mark_computed, a fake token once a sequence has fed all its tokens, finish at
     max_tokens), and checks every step: tokens <= max_num_batched_tokens, running <=
-    max_num_seqs, each sequence gets 1..its uncomputed tokens with block room made by
+    max_num_seqs, each sequence gets 1..its uncomputed tokens (after a prefix-cache hit,
+    what allocate() left uncomputed) with block room made by
     append_slots, a prompt is fed whole unless chunked prefill is on, a running sequence
     that has budget and blocks is fed (never dropped for a new prefill), admission follows
     arrival (FCFS), a waiting request that fits is admitted at once, and every request
