@@ -7,7 +7,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
 from minillm.course import MarkerError, build, check, strip, stub_source
-from minillm.course.build import CHECK_TAG, make_lesson, read, repository_url, setup_source
+from minillm.course.build import ANSWERS_TAG, CHECK_TAG, make_lesson, read, repository_url, setup_source
 from minillm.course.__main__ import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -159,6 +159,21 @@ def test_lessons_open_with_a_colab_badge_and_setup_cell_and_tag_their_check_cell
     assert "y = x * 2" in reference.cells[3].source and "# BEGIN SOLUTION" not in reference.cells[3].source
     assert reference.cells[:2] == lesson.cells[:2]
 
+
+
+def test_answer_key_cells_stay_in_solutions(tmp_path):
+    """A cell tagged `minillm-answers` (a lesson's answer key) is in the solution, never in the lesson."""
+    path = make_course(tmp_path)
+    nb = read(path)
+    key = new_markdown_cell("**Answers.** 1. Because the weights are read once.", id="answers")
+    key.metadata["tags"] = [ANSWERS_TAG]
+    nb.cells.append(key)
+    nbformat.write(nb, str(path))
+    build(tmp_path)
+    lesson = read(tmp_path / "lessons" / "00_demo.ipynb")
+    assert "answers" not in [c.id for c in lesson.cells]
+    assert not any("weights are read once" in c.source for c in lesson.cells)
+    assert [c.id for c in lesson.cells][-2:] == ["exercise", "plain"] and check(tmp_path) == []
 
 def test_setup_cell_does_nothing_outside_colab(tmp_path):
     import subprocess

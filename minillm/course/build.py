@@ -28,6 +28,8 @@ source and run as they are under nbval):
     nothing and prints nothing;
   - on every check cell (a code cell importing a `check_*` grader), the stable id
     `check-<exercise>` and the tag `minillm-check`, by which `grade` finds it.
+A cell tagged `minillm-answers` (a lesson's answer key to its questions) is solution-only:
+the build leaves it out of every lesson.
 `make_lesson(solution, stubs=False)` gives the same notebook with the solutions kept (the
 reference submission the grading tests use, and what the Colab test runs).
 """
@@ -46,6 +48,7 @@ NOTEBOOK_NAME = re.compile(r"^\d\d_.+\.ipynb$")
 VOLATILE_CELL_METADATA = ("execution",)      # run timestamps written by JupyterLab
 VOLATILE_NOTEBOOK_METADATA = ("widgets",)    # saved ipywidgets state
 CHECK_TAG = "minillm-check"
+ANSWERS_TAG = "minillm-answers"                 # solution-only cells: never copied into lessons/
 CHECK_CALL = re.compile(r"^from minillm\.checks(?:\.\w+)? import .*?\bcheck_(\w+)", re.M)
 BADGE_ID, SETUP_ID = "colab-badge", "colab-setup"
 INSTALL_SOURCE_VARIABLE = "MINILLM_INSTALL_SOURCE"
@@ -155,6 +158,7 @@ def make_lesson(solution, name: str = "notebook", stubs: bool = True, repository
     and setup cell first, the check cells' ids and tags set."""
     repository = repository or repository_url()
     lesson = clear_outputs(copy.deepcopy(solution))
+    lesson.cells = [c for c in lesson.cells if ANSWERS_TAG not in c.metadata.get("tags", [])]
     for i, cell in enumerate(lesson.cells):
         if cell.cell_type == "code":
             where = f"{name}, cell {i} (id {cell.get('id', '?')})"
