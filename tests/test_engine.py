@@ -7,6 +7,8 @@ import pytest
 from minillm import LLM, SamplingParams
 from minillm.baselines.static_batching import StaticBatchScheduler
 from minillm.engine.engine import LLMEngine
+from minillm.engine.scheduler import ContinuousBatchingScheduler, SchedulerOutput
+from minillm.engine.sequence import Status
 from minillm.models.reference import compare_greedy, reference_greedy
 
 from conftest import get_model
@@ -348,3 +350,101 @@ def test_a_logit_bias_id_outside_the_vocabulary_is_refused_at_the_door(tiny_llam
     with pytest.raises(ValueError, match="logit_bias names token id"):
         engine.add_request("r", [5, 6], SamplingParams(logit_bias={model.config.vocab_size: 1.0}))
     assert not engine.has_unfinished_requests()
+
+
+# ---------------------------------------------------------------- a scheduler's plan, checked each step
+
+SHORT = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+
+class BudgetsBeforeAllocate(ContinuousBatchingScheduler):
+    """Lesson 05's classic mistake: a new prompt budgeted with seq.num_uncomputed_tokens read
+    before allocate(); on a prefix-cache hit the plan feeds more tokens than are left."""
+
+    def schedule(self):
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        for seq in self.running:
+            n = min(seq.num_uncomputed_tokens, budget)
+            if n > 0 and self.bm.can_append(seq, n):
+                self.bm.append_slots(seq, n)
+                out.scheduled.append((seq, n))
+                budget -= n
+        while budget > 0 and self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            n = seq.num_uncomputed_tokens                       # the mistake: the cached prefix counted
+            if (n > budget and not self.chunked) or not self.bm.can_allocate(seq):
+                break
+            self.waiting.pop(0)
+            self.bm.allocate(seq)
+            self.bm.append_slots(seq, min(n, budget))
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            out.scheduled.append((seq, min(n, budget)))
+            budget -= min(n, budget)
+        return out
+
+
+class NoAppendSlots(ContinuousBatchingScheduler):
+    """Forgets append_slots for running sequences: a decode that crosses into a new block has no slot."""
+
+    def schedule(self):
+        real, self.bm.append_slots = self.bm.append_slots, lambda seq, n=1: None
+        try:
+            out = super().schedule()
+        finally:
+            self.bm.append_slots = real
+        for seq, n in out.scheduled:
+            if not seq.block_table:                               # a new prompt: allocate() gave its blocks
+                real(seq, n)
+        return out
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_plan_with_more_tokens_than_a_sequence_has_left_ends_that_request_naming_the_scheduler(tiny_llama,
+                                                                                                 chunked):
+    """Prefix-cache hits under the wrong scheduler: the engine refuses those plan entries (no shape error
+    deep in attention), the message names the scheduler, and the other requests' tokens are exact."""
+    model, tokenizer, _ = tiny_llama
+    shared = list(range(1000, 1016))                              # 4 full blocks of 4
+    prompts = {"0": shared + [7, 8, 9], "1": shared + [11, 12], "2": shared + [21, 22, 23, 24, 25],
+               "3": list(range(3000, 3009))}
+    options = dict(block_size=4, num_kv_blocks=64, max_num_seqs=4, enable_chunked_prefill=chunked,
+                   max_num_batched_tokens=48, max_model_len=48)
+    reference = LLMEngine(model, tokenizer, **options).generate(list(prompts.values()), SHORT)
+    engine = LLMEngine(model, tokenizer, scheduler_cls=BudgetsBeforeAllocate, **options)
+    engine.add_request("0", prompts["0"], SHORT)
+    while engine.last_plan.scheduled == [] or engine.scheduler.running[0].num_computed_tokens < 16:
+        engine.step()                                             # "0"'s prompt computed: its blocks cached
+    final = {out.request_id: out for out in run_all_ids(engine, {k: v for k, v in prompts.items() if k != "0"})}
+    for rid in ("1", "2"):
+        out = final[rid].outputs[0]
+        assert out.finish_reason == "error"
+        assert (f"scheduler BudgetsBeforeAllocate planned {len(prompts[rid])} tokens for request '{rid}' but it "
+                f"has only {len(prompts[rid]) - 16} left to compute") in final[rid].error
+        assert "num_tokens_to_compute(seq)" in final[rid].error
+    assert final["3"].outputs[0].token_ids == reference[3].outputs[0].token_ids
+    assert final["3"].outputs[0].finish_reason == "length"
+    assert_no_leak(engine)
+
+
+def run_all_ids(engine, prompts: dict):
+    for rid, p in prompts.items():
+        engine.add_request(rid, p, SHORT)
+    final, steps = [], 0
+    while engine.has_unfinished_requests():
+        final += [out for out in engine.step() if out.finished]
+        steps += 1
+        assert steps < 1000, "engine made no progress"
+    return final
+
+
+def test_a_plan_without_slots_for_its_tokens_ends_that_request_naming_the_scheduler(tiny_llama):
+    model, tokenizer, _ = tiny_llama
+    engine = LLMEngine(model, tokenizer, scheduler_cls=NoAppendSlots, block_size=4, num_kv_blocks=16)
+    out, = engine.generate([list(range(1000, 1006))], SHORT)     # 6 tokens: 2 blocks, full at token 8
+    assert out.outputs[0].finish_reason == "error"
+    assert len(out.outputs[0].token_ids) == 3          # positions 6 and 7 had slots (8 in 2 blocks); 8 had none
+    assert ("scheduler NoAppendSlots planned 1 token for request" in out.error
+            and "after its 8 computed ones, but its block table has slots for 8: call "
+                "block_manager.append_slots(seq, n)" in out.error)
+    assert_no_leak(engine)

@@ -26,6 +26,7 @@ from ..sampling_params import SamplingParams
 from ..structured.matchers import StructuredOutputs
 from .fault_isolation import FAILED, FaultIsolation
 from .output_processor import OutputProcessor
+from .plan_check import plan_errors
 from .request import Request, check_request
 from .resolved_config import resolve_config
 from .sampling_stage import sample_live
@@ -189,6 +190,7 @@ class LLMEngine:
         faults = self.faults                                          # a fault ends only the requests it hits
         faults.begin(plan)
         try:
+            self._drop_bad_plan_entries(plan)
             self._record_schedule(plan)
             if faults.move_blocks(self.runner.apply_block_ops, plan) and plan.scheduled:
                 samplers, logits, scores, drafted = faults.forward(self.runner.execute, plan.scheduled)
@@ -208,6 +210,15 @@ class LLMEngine:
             self._held.update((out.request_id, out) for out in self._collect_outputs())   # the next step()
             raise
         return self._collect_outputs()
+
+    def _drop_bad_plan_entries(self, plan: SchedulerOutput) -> None:
+        """A plan entry the runner cannot run (more tokens than the sequence has left, no
+        slots for them: plan_check.py) ends its request with an error naming the scheduler."""
+        bad = plan_errors(plan.scheduled, self.scheduler, self.config.block_size)
+        for seq, message in bad:
+            self.faults.fail(seq.request_id, message)
+        if bad:
+            plan.scheduled = [(s, n) for s, n in plan.scheduled if not s.is_finished]
 
     def _verify_drafts(self, drafted: dict) -> None:
         for seq, rows in drafted.values():
