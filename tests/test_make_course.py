@@ -104,13 +104,18 @@ def course_env(tmp_path: Path, display: bool) -> dict:
 
 
 def wait_for_url(server: subprocess.Popen, log: Path, port: int) -> tuple[str, str]:
-    """The server's printed URL (127.0.0.1 form) and its token, once it answers."""
+    """The server's printed URL (127.0.0.1 form) and its token, once it answers (JupyterLab prints
+    the URL before it listens, and looking for a browser can take seconds in between)."""
     deadline = time.monotonic() + 90
     pattern = re.compile(rf"http://127\.0\.0\.1:{port}/lab\?token=(\w+)")
     while True:
         found = pattern.search(log.read_text())
         if found:
-            return found.group(0), found.group(1)
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status?token={found.group(1)}", timeout=5)
+                return found.group(0), found.group(1)
+            except OSError:
+                pass
         if server.poll() is not None or time.monotonic() > deadline:
             pytest.fail(f"`make course` printed no URL with a token on port {port} "
                         f"(exit code {server.poll()}):\n{log.read_text()[-4000:]}")
