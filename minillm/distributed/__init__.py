@@ -7,6 +7,7 @@ shard of every layer.
     sharding.py  Megatron-style shards: column- and row-parallel linears, vocab-parallel embedding and head
     worker.py    one rank's process: shard the model, then run the plans it is sent
     executor.py  the engine's side: start the ranks, send plans, gather logits, notice a dead rank
+    recovery.py  a group whose rank died started again (the server does it), with bounded retries
 """
 from .sharding import check_tensor_parallel_size
 

@@ -8,10 +8,13 @@ sampling rows' logits, which the engine samples from as usual. The scheduler, th
 manager (one for all ranks: every rank's pool has the same blocks, holding its own KV heads),
 the sampler and the outputs stay in the engine's process.
 
-A rank that dies, or raises, ends the engine: the ranks are then out of step, so the executor
+A rank that dies, or raises, ends the group: the ranks are then out of step, so the executor
 stops them all and every later call raises `TensorParallelError` at once, which ends each
-request still in the engine with that message. The ranks die with the engine's process
-(PR_SET_PDEATHSIG), when the executor is garbage-collected, at interpreter exit, and on `close()`.
+request still in the engine with that message. `failure()` says so without a message to the
+ranks (a rank killed while the engine idles is seen too), and `restart()` starts a fresh group
+from the same weights (the server does, distributed/recovery.py). The ranks die with the
+engine's process (PR_SET_PDEATHSIG), when the executor is garbage-collected, at interpreter
+exit, and on `close()`.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from .worker import run_worker
 from ..utils.ports import free_port
 
 START_TIMEOUT_S = 300.0        # spawning a rank imports torch and shards the model
+STEP_TIMEOUT_S = 180.0         # a step's answers; a hung rank makes its peers' collectives fail first (60 s)
 
 
 class TensorParallelError(RuntimeError):
@@ -62,21 +66,39 @@ class TensorParallelExecutor:
         if resolved.device.type == "cuda" and torch.cuda.device_count() < n:
             raise ValueError(f"tensor_parallel_size={n} needs {n} GPUs, this machine has {torch.cuda.device_count()}")
         self.model, self.kv_cache, self.size, self.dead = model, None, n, None
-        ctx = mp.get_context("spawn")
+        self.resolved, self.config = resolved, config
+        self.shard_layer = None if shard_layer_fn is None else pickled_by_value(shard_layer_fn)
+        self._start()
+
+    def _start(self) -> None:
+        """Spawn the ranks and wait until each has its shard (raises TensorParallelError if one cannot)."""
+        ctx, n = mp.get_context("spawn"), self.size
         port, threads = free_port(), max(1, torch.get_num_threads() // n)
-        weights = (model.config, model.state_dict())          # shared memory, not copies (worker.py)
-        shard_layer = None if shard_layer_fn is None else pickled_by_value(shard_layer_fn)
+        weights = (self.model.config, self.model.state_dict())      # shared memory, not copies (worker.py)
         self.conns, self.procs = [], []
         for rank in range(n):
             ours, theirs = ctx.Pipe()
             proc = ctx.Process(target=run_worker, daemon=True, name=f"minillm-tp-rank{rank}",
-                               args=(rank, n, port, weights, resolved, config, theirs, threads, shard_layer))
+                               args=(rank, n, port, weights, self.resolved, self.config, theirs, threads,
+                                     self.shard_layer))
             proc.start()
             theirs.close()
             self.conns.append(ours)
             self.procs.append(proc)
         self._finalizer = weakref.finalize(self, stop_ranks, self.procs, self.conns)    # also at exit
         self._replies(START_TIMEOUT_S)
+
+    def restart(self) -> None:
+        """Stop every rank and start a fresh group from the same weights. Each rank's KV pool starts
+        empty, so the caller must have ended every request and forgotten the prefix cache."""
+        self._finalizer()
+        self.dead = None
+        self._start()
+
+    def failure(self) -> str | None:
+        """Why this group cannot run a step (a rank died, or failed, or the group was closed), or
+        None. Cheap: it asks the operating system, not the ranks."""
+        return self.dead or self._dead_rank(grace=0)
 
     @property
     def pids(self) -> list[int]:
@@ -112,10 +134,10 @@ class TensorParallelExecutor:
         except OSError as e:
             self._die(f"could not reach a tensor-parallel rank: {e!r}")
 
-    def _replies(self, timeout: float | None = None) -> list:
+    def _replies(self, timeout: float = STEP_TIMEOUT_S) -> list:
         """Each rank's answer, in rank order, read as they come (a rank that failed is heard at
         once, not after its peers' collectives time out); a dead or failing rank ends the engine."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = time.monotonic() + timeout
         replies, waiting = {}, dict(enumerate(self.conns))
         while waiting:
             for conn in wait(list(waiting.values()), 0.05):
@@ -130,7 +152,7 @@ class TensorParallelExecutor:
                 del waiting[rank]
             if waiting and (dead := self._dead_rank(grace=0)):
                 self._die(dead)
-            if deadline is not None and time.monotonic() > deadline:
+            if waiting and time.monotonic() > deadline:
                 self._die(f"tensor-parallel ranks {sorted(waiting)} did not answer within {timeout:.0f} s")
         return [replies[r] for r in range(len(self.conns))]
 
@@ -146,7 +168,7 @@ class TensorParallelExecutor:
             time.sleep(0.05)
 
     def _die(self, message: str):
-        self.dead = f"{message}; the engine's tensor-parallel ranks are stopped, start a new engine"
+        self.dead = f"{message}; the tensor-parallel ranks are stopped (restart() starts new ones)"
         self.close()
         raise TensorParallelError(self.dead)
 

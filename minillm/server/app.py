@@ -3,14 +3,16 @@
     GET  /v1/models             the one model served
     POST /v1/completions        prompt(s) -> text; stream=true sends Server-Sent Events
     POST /v1/chat/completions   messages -> the assistant's reply, through the chat template
-    GET  /health                200 while the engine loop runs
+    GET  /health                200 while the engine can serve, else 503 and why (readiness; health.py)
+    GET  /live                  200 unless the engine can never serve again (liveness)
     GET  /metrics               Prometheus text format (metrics.py)
 
 A streamed response is a series of `data: {json}\\n\\n` events (one chunk per choice's new
 text), then `data: [DONE]\\n\\n`; with stream_options.include_usage, a last chunk before
 [DONE] carries the token counts (with vLLM's continuous_usage_stats, every chunk carries the
 counts so far). The app owns the AsyncEngine: it starts the engine loop
-when the server starts and stops it when the server stops.
+when the server starts and stops it when the server stops. A body above 64 KB is parsed and
+validated in a worker process, never on the event loop (body_parsing.py).
 """
 from __future__ import annotations
 
@@ -25,12 +27,14 @@ from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from .async_engine import AsyncEngine, RequestStream
+from .body_parsing import BodyParser, ParseBigBodiesOffTheLoop
 from .errors import APIError, error_body, install_error_handlers
 from .guards import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES, Guards
+from .health import install_health_routes
 from .openapi import STREAMED, errors, install_truthful_openapi
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .responses import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse,
-                        CompletionChoice, CompletionResponse, Delta, Health, ModelCard, ModelList)
+                        CompletionChoice, CompletionResponse, Delta, ModelCard, ModelList)
 from .echo import Echo
 from .logprobs import chat_logprobs, completion_logprobs, prompt_logprobs_json
 from .serving import Served, chat_prompt, check_options, completion_prompts, start
@@ -55,19 +59,16 @@ def build_app(engine, model_name: str, *, api_key: str | None = None,
         try:
             yield
         finally:
+            app.state.body_parser.close()
             await asyncio.to_thread(front.shutdown)
 
     app = FastAPI(title="minillm", lifespan=lifespan)
+    app.router.route_class = ParseBigBodiesOffTheLoop
     install_truthful_openapi(app, api_key)
-    app.state.served = served
+    app.state.served, app.state.body_parser = served, BodyParser()
     app.add_middleware(Guards, api_key=api_key, max_body_bytes=max_request_body_bytes, body_timeout=body_timeout)
     install_error_handlers(app)
-
-    @app.get("/health", response_model=Health, responses=errors(503))
-    async def health():
-        if not front.is_alive:
-            raise APIError(503, "the engine loop is not running")
-        return Health()
+    install_health_routes(app, front)
 
     @app.get("/metrics", response_class=PlainTextResponse,
              responses={200: {"description": "Prometheus text format"}, **errors()})

@@ -14,6 +14,13 @@ The engine is not thread-safe and `step()` is blocking work (10-200 ms of matmul
 
 A new request joins the running batch at the next step (continuous batching). A client
 that goes away aborts its requests, and their KV blocks are free for the next step.
+
+The loop also watches the engine (health.py says what each state means to a probe): a
+tensor-parallel rank that died, seen within WATCH_INTERVAL_S even while idle, ends every request
+in flight with the error, and the group is started again (distributed/recovery.py); meanwhile
+`failure` says why the engine cannot serve and new requests get a 503 with Retry-After. If it
+cannot be started again, or the loop itself dies, `on_fatal` is called: the server exits
+non-zero, so that an orchestrator starts a new one.
 """
 from __future__ import annotations
 
@@ -22,10 +29,15 @@ import logging
 import queue
 import threading
 
+from ..distributed.recovery import (RESTART_ATTEMPTS, RESTART_BACKOFF_S, RestartFailed, can_restart, restart_runner,
+                                    runner_failure)
 from .errors import APIError
 from .limits import default_max_waiting_requests
 
 log = logging.getLogger("minillm.server")
+
+WATCH_INTERVAL_S = 0.5       # an idle loop looks at the engine's processes this often
+RETRY_AFTER_S = 5            # what a 503 tells a client to wait while the engine restarts
 
 
 class QueueFull(Exception):
@@ -87,6 +99,8 @@ class AsyncEngine:
     """`stream_cls`: the class of each HTTP request's stream, RequestStream or a subclass
     (lesson 07 plugs the learner's in here, through `build_app(..., stream_cls=...)`)."""
 
+    restart_attempts, restart_backoff = RESTART_ATTEMPTS, RESTART_BACKOFF_S     # distributed/recovery.py
+
     def __init__(self, engine, max_waiting_requests: int | None = None, stream_cls: type = RequestStream):
         """max_waiting_requests: sequences that may wait at once (a request's prompts x n count);
         None: limits.default_max_waiting_requests, sized from the KV pool."""
@@ -101,6 +115,10 @@ class AsyncEngine:
         self._streams: dict[str, RequestStream] = {}     # request id -> its stream (loop thread)
         self._thread: threading.Thread | None = None
         self._running = False
+        self.failure: str | None = None           # why the engine cannot serve now (None: it can)
+        self.fatal = False                        # ... and never will again: the server exits
+        self.restarts = 0                         # tensor-parallel groups started again
+        self.on_fatal = None                      # called once (loop thread) when fatal: run.py stops the server
 
     # -- the asyncio side --------------------------------------------------------------
     def start(self) -> None:
@@ -119,6 +137,14 @@ class AsyncEngine:
     def is_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    def unavailable(self) -> str | None:
+        """Why a request cannot be served now (the engine restarts, or is gone), or None."""
+        if self.failure is not None:
+            return self.failure
+        if not self.is_alive:
+            return "the engine loop is not running"
+        return None
+
     def end_all(self, error: Exception) -> None:
         """End every request in flight with `error` (the shutdown deadline passed); each
         stream reports it to its client. Thread-safe: the loop thread does the work."""
@@ -132,6 +158,10 @@ class AsyncEngine:
         """Queue one engine request per prompt; all are accepted, or none is. Raises what
         `add_request` raised (ValueError / TypeError: the client's mistake) or QueueFull,
         before any output exists, so the handler can still answer with an error status."""
+        why = self.unavailable()
+        if why is not None:
+            raise APIError(503, f"the engine cannot serve now: {why}", code="engine_unavailable",
+                           headers=None if self.fatal else {"Retry-After": str(RETRY_AFTER_S)})
         stream = self.stream_cls(self, request_ids, prompts, params, priority)
         self.send(("add", stream))
         try:
@@ -145,20 +175,57 @@ class AsyncEngine:
 
     # -- the engine loop thread --------------------------------------------------------
     def _loop(self) -> None:
-        while self._running:
-            try:
-                self._run_commands()
-                if self.engine.has_unfinished_requests():
-                    self._step()
-                else:
-                    self._take_snapshot()
-                    self._wake.wait()       # idle: sleep until a command arrives
-                    self._wake.clear()
-            except Exception as e:          # the engine fails requests itself; this is a bug
-                log.exception("the engine loop failed; failing every request in flight")
-                self._fail_all(e)
+        try:
+            while self._running:
+                try:
+                    self._run_commands()
+                    if self.engine.has_unfinished_requests():
+                        self._step()
+                    else:
+                        self._take_snapshot()
+                        self._wake.wait(WATCH_INTERVAL_S)   # idle: sleep until a command arrives
+                        self._wake.clear()
+                    self._watch()
+                except Exception as e:          # the engine fails requests itself; this is a bug
+                    log.exception("the engine loop failed; failing every request in flight")
+                    self._fail_all(e)
+        except BaseException as e:              # the loop is gone: nothing will serve a request again
+            self._give_up(f"the engine loop died: {e!r}")
+            raise
         self._fail_all(APIError(503, "the server is shutting down", code="server_shutdown"))
         self.engine.shutdown()
+
+    def _watch(self) -> None:
+        """A dead tensor-parallel rank: end what is in flight, start the group again (module doc)."""
+        failure = runner_failure(self.engine)
+        if failure is None:
+            return
+        if not can_restart(self.engine):
+            return self._give_up(failure)
+        log.error("the engine cannot serve: %s; starting the tensor-parallel group again", failure)
+        self.failure = f"the tensor-parallel group is restarting after: {failure}"
+        self._fail_all(APIError(503, f"the engine failed: {failure}", code="engine_restarting"))
+        try:
+            attempts = restart_runner(self.engine, self.restart_attempts, self.restart_backoff)
+        except RestartFailed as e:
+            return self._give_up(str(e))
+        self.restarts += 1
+        self.failure = None
+        self._take_snapshot()
+        log.warning("the tensor-parallel group serves again (restart %d, %d attempt(s))", self.restarts, attempts)
+
+    def _give_up(self, reason: str) -> None:
+        """The engine can never serve again: say why once, loudly, end every request, and let
+        the server exit non-zero (on_fatal) rather than answer every request with an error."""
+        if self.fatal:
+            return
+        self.failure, self.fatal, self._running = reason, True, False
+        log.error("the engine cannot serve and cannot be restarted: %s; the server stops (exit code 1)", reason)
+        try:
+            self._fail_all(APIError(503, f"the engine stopped: {reason}", code="engine_dead"))
+        finally:
+            if self.on_fatal is not None:
+                self.on_fatal(reason)
 
     def _fail_all(self, error: Exception) -> None:
         for rid, stream in list(self._streams.items()):

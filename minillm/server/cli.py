@@ -14,6 +14,8 @@ import sys
 
 from ..cli.engine_args import add_engine_arguments, engine_config_from_args, engine_options
 from .data_parallel.choice import DEFAULT_LOAD_BOUND
+from .data_parallel.healing import MAX_RESTARTS
+from .data_parallel.health import REPLICA_TIMEOUT
 from .data_parallel.lifeline import exit_with_parent
 from .data_parallel.router import POLICIES
 from .guards import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES
@@ -49,6 +51,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "a load bound; the default) or round-robin")
     p.add_argument("--router-load-bound", type=int, default=DEFAULT_LOAD_BOUND,
                    help="cache-aware: requests in flight the best match may be ahead of the least loaded replica")
+    p.add_argument("--replica-timeout", type=float, default=REPLICA_TIMEOUT,
+                   help="seconds a replica may leave its health checks unanswered before its requests in flight "
+                        "end with an error (a silent replica, not a slow generation)")
+    p.add_argument("--max-replica-restarts", type=int, default=MAX_RESTARTS,
+                   help="times in a row the front starts a replica that exited again, with backoff (0: never)")
     p.add_argument("--exit-with-parent", action="store_true", help=argparse.SUPPRESS)   # a replica's lifeline
     add_engine_arguments(p)
 
@@ -88,4 +95,7 @@ def main(args) -> int:
     except OSError as e:                                     # e.g. the port is taken
         print(f"error: cannot listen on {args.host}:{args.port}: {e.strerror or e}", file=sys.stderr)
         return 2
+    if app.state.served.front.fatal:                         # the engine gave up: let the orchestrator restart us
+        print(f"error: the engine stopped: {app.state.served.front.failure}", file=sys.stderr)
+        return 1
     return 0

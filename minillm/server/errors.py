@@ -21,9 +21,13 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+    """`headers`: sent with the answer (a 503's Retry-After)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
@@ -45,7 +49,7 @@ def bad_request(e: Exception, structured_field: str = "structured_outputs") -> A
     return APIError(400, str(e), param)
 
 
-def _describe(errors: list[dict]) -> tuple[str, str | None]:
+def describe(errors: list[dict]) -> tuple[str, str | None]:
     """pydantic's errors -> (message, param) about the first bad field. A field that is a
     union (prompt: str | list[str] | ...) gets one error per alternative; they are
     summed up as "expected one of: ...", the alternatives being the names after the field."""
@@ -75,12 +79,12 @@ def _describe(errors: list[dict]) -> tuple[str, str | None]:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError):
-        return error_response(e.status, e.message, e.param, e.code)
+        return error_response(e.status, e.message, e.param, e.code, e.headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, e: RequestValidationError):
         errors = list(e.errors())
-        message, param = _describe(errors) if errors else ("invalid request", None)
+        message, param = describe(errors) if errors else ("invalid request", None)
         return error_response(400, message, param)
 
     @app.exception_handler(StarletteHTTPException)

@@ -48,6 +48,10 @@ class EngineCollector:
         yield memory
         yield CounterMetricFamily("minillm:num_preemptions", "Sequences preempted so far",
                                   value=s.get("num_preemptions", 0))
+        yield CounterMetricFamily("minillm:engine_restarts", "Tensor-parallel groups started again after a rank died",
+                                  value=self.front.restarts)
+        yield GaugeMetricFamily("minillm:engine_ready", "1 while the engine can serve (GET /health answers 200)",
+                                value=0 if self.front.unavailable() else 1)
         if "spec_proposed_tokens" in s:               # with --speculative-config
             yield CounterMetricFamily("minillm:spec_decode_num_draft_tokens", "Drafted tokens verified",
                                       value=s["spec_proposed_tokens"])

@@ -8,7 +8,8 @@ Shutdown has a deadline, as orchestrators expect (they send SIGTERM, wait a grac
 then SIGKILL): the first SIGTERM or SIGINT stops accepting connections and lets requests in
 flight finish for `shutdown_timeout` seconds; then the rest end with an error in OpenAI's
 shape (an error event in a stream), one log line each, and the process exits 0. A second
-signal exits at once, without tracebacks.
+signal exits at once, without tracebacks. An engine that can never serve again (async_engine.py)
+shuts the server down the same way, and `python -m minillm serve` then exits 1.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 import uvicorn
 
 from .errors import APIError
+from .health import quiet_probes_in_access_log
 from .slow_clients import DEFAULT_HEADER_TIMEOUT, protocol_with_header_timeout
 
 log = logging.getLogger("minillm.server")
@@ -47,6 +49,10 @@ class Server(uvicorn.Server):
         host, port = sock.getsockname()[:2]
         self.sock, self.announce = sock, announce
         self.url = f"http://{host}:{port}"
+        quiet_probes_in_access_log()
+        served = getattr(getattr(app, "state", None), "served", None)
+        if served is not None:                       # the engine gave up: stop serving (the CLI exits 1)
+            served.front.on_fatal = lambda reason: self.begin_shutdown()
 
     async def startup(self, sockets=None):
         await super().startup(sockets)
