@@ -75,13 +75,20 @@ class IndexErrorOnUnknownId(BlockAllocator):
             raise ValueError("negative")                    # but num_blocks itself -> IndexError from the list
 
 
+class AcceptsBoolIds(BlockAllocator):
+    """Checks the type and the range, but True is an int to Python: free(True) frees block 1."""
+    def _check(self, block):
+        if not isinstance(block, int) or not 0 <= block < self.num_blocks:
+            raise ValueError(f"unknown block {block!r}")
+
+
 class AllocatorSkeleton(BlockAllocator):
     def allocate(self):
         raise NotImplementedError
 
 
 def test_check_block_allocator_passes_reference(capsys):
-    assert checks.check_block_allocator(BlockAllocator) is True
+    assert checks.check_block_allocator(BlockAllocator)
     assert "✅ check_block_allocator passed" in capsys.readouterr().out
 
 
@@ -100,7 +107,7 @@ def test_check_block_allocator_accepts_an_independent_allocator():
             return len(self.pool)
 
         def _known(self, block):
-            if block not in self.ref_counts:
+            if isinstance(block, bool) or block not in self.ref_counts:    # True in {1: ...} is True
                 raise ValueError(f"no block {block}")
 
         def allocate(self):
@@ -124,7 +131,7 @@ def test_check_block_allocator_accepts_an_independent_allocator():
             if self.ref_counts[block] == 0:
                 self.pool.append(block)
 
-    assert checks.check_block_allocator(Mine) is True
+    assert checks.check_block_allocator(Mine)
 
 
 @pytest.mark.parametrize("bad, match", [
@@ -136,9 +143,10 @@ def test_check_block_allocator_accepts_an_independent_allocator():
     (NumFreeMethod, "@property"),
     (AssertsOnDoubleFree, "assert"),
     (IndexErrorOnUnknownId, "raised IndexError"),
+    (AcceptsBoolIds, r"free\(True\).*returned normally.*isinstance\(block, bool\)"),
     (AllocatorSkeleton, "not implemented"),
 ], ids=["leaks_on_free", "stack_not_queue", "no_double_free_check", "accepts_negative_ids",
-        "incref_keeps_block_in_pool", "num_free_method", "asserts", "index_error", "skeleton"])
+        "incref_keeps_block_in_pool", "num_free_method", "asserts", "index_error", "accepts_bool_ids", "skeleton"])
 def test_check_block_allocator_rejects(bad, match):
     rejects(checks.check_block_allocator, bad, match)
 
@@ -173,7 +181,7 @@ def slots_skeleton(block_table, positions, block_size):
 
 
 def test_check_slot_mapping_passes_reference():
-    assert checks.check_slot_mapping(slot_mapping) is True
+    assert checks.check_slot_mapping(slot_mapping)
 
 
 def test_check_slot_mapping_accepts_a_tensor_version():
@@ -181,7 +189,7 @@ def test_check_slot_mapping_accepts_a_tensor_version():
         pos = torch.tensor(positions, dtype=torch.long)
         table = torch.tensor(block_table, dtype=torch.long)
         return table[pos // block_size] * block_size + pos % block_size
-    assert checks.check_slot_mapping(vectorised) is True
+    assert checks.check_slot_mapping(vectorised)
 
 
 @pytest.mark.parametrize("bad, match", [

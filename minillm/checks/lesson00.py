@@ -1,7 +1,8 @@
 """Lesson 00's grader, `check_rope`: the learner's `apply_rope` against the reference on
 queries and keys at real positions of the tiny Llama. A wrong rotation still yields
 plausible text, only worse, so when the output matches a classic mistake (the sign of the
-rotated half, cos and sin swapped, adjacent pairs instead of halves) the hint names it.
+rotated half, cos and sin swapped, adjacent pairs instead of halves, a float32 result for
+half-precision x, arithmetic in half precision) the hint names it.
 """
 from __future__ import annotations
 
@@ -36,7 +37,9 @@ def check_rope(fn) -> bool:
 
     Compares with the reference on random queries and keys at real positions from 0
     to 4095 (cos/sin from the tiny-llama `RotaryEmbedding`), and checks that the
-    output keeps x's shape and dtype and that x itself is left untouched.
+    output keeps x's shape and dtype and that x itself is left untouched; then on
+    float16 and bfloat16 queries (a half-precision model: cos and sin stay float32),
+    where the result must come back in x's dtype, computed in float32.
     """
     from ..models.llama import RotaryEmbedding, apply_rope
     from ..models.tiny import TINY_CONFIGS
@@ -70,4 +73,36 @@ def check_rope(fn) -> bool:
             f"(worst at position {int(positions[worst])}, rotating {name}). Expected "
             "out = x * cos + rotate_half(x) * sin, where rotate_half(x) = cat([-x2, x1]) "
             "and x1, x2 are the first and second halves of the last dimension")
+    for dtype in (torch.float16, torch.bfloat16):
+        _check_half(g, fn, torch.randn(len(positions), cfg.num_attention_heads, cfg.head_dim, generator=gen)
+                    .to(dtype), cos, sin)
     return g.passed()
+
+
+def _check_half(g, fn, x, cos, sin) -> None:
+    """A half-precision model: x is float16 or bfloat16, cos and sin float32. The rotation is
+    done in float32 and the result cast back to x's dtype, as the reference does."""
+    from ..models.llama import apply_rope
+
+    name = str(x.dtype).removeprefix("torch.")
+    before = x.clone()
+    with g.case(f"rotating {name} queries of shape {list(x.shape)} (cos and sin float32)"):
+        out = fn(x, cos, sin)
+    expect_unchanged(before, x, "apply_rope")
+    expect_tensor(out, x.shape, "apply_rope")
+    expect(out.dtype == x.dtype,
+           f"apply_rope returned {out.dtype} for {name} x: a half-precision model's next layer and KV cache "
+           f"expect {name}. Do the arithmetic in float32 (cos and sin are float32), then cast the result "
+           "back with .to(x.dtype)")
+    expected = apply_rope(x, cos, sin).float()
+    differ = (out.float() != expected)
+    close = torch.allclose(out.float(), expected, atol=1e-2, rtol=1e-2)
+    expect(not close or float(differ.float().mean()) <= 0.02,
+           f"apply_rope's {name} result differs from the reference in the last bits of "
+           f"{float(differ.float().mean()):.0%} of its values: it computes in {name} (cos and sin converted to "
+           f"x's dtype, or x multiplied in {name}). Rotate in float32 (x.float(); cos and sin are float32) and "
+           "cast only the result back with .to(x.dtype): rounding each product to "
+           f"{name} loses precision the model needs")
+    expect(close, f"apply_rope on {name} x differs from the reference by up to "
+                  f"{float((out.float() - expected).abs().max()):.3g}, though it matches in float32: convert x "
+                  "with x.float() before rotating, and cast the result back with .to(x.dtype)")

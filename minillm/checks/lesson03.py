@@ -56,7 +56,8 @@ def check_block_allocator(cls) -> bool:
     returns to the pool only at count 0, the free pool is least recently freed first
     (never-used blocks before recently freed ones), incref of a free cached block takes
     it out of the pool, and that an empty pool, a double free and unknown ids (-1,
-    num_blocks) raise ValueError or RuntimeError without changing anything. Then the
+    num_blocks, and True: a bool is an int to Python) raise ValueError or RuntimeError
+    without changing anything. Then the
     real engine with `allocator_cls=cls` on a pool small enough to preempt, plus a
     second batch reusing cached prefixes, gives the reference's greedy tokens and
     leaks no block.
@@ -166,6 +167,12 @@ def check_block_allocator(cls) -> bool:
         _expect_refused(g, lambda: a.incref(bad), f"incref({bad}) on cls({N}) (ids are 0..{N - 1})", state,
                         "your allocator", "Check the id first: with a Python list, ref_counts[-1] silently "
                         "means the last block.")
+    # a bool is an int to Python (True == 1 and hashes like 1), never a block id
+    for name, call in (("free", a.free), ("incref", a.incref)):
+        _expect_refused(g, lambda: call(True), f"{name}(True) on cls({N}) (a bool, not a block id)", state,
+                        "your allocator", "bool is a subclass of int: isinstance(True, int) holds, and "
+                        "ref_counts[True] (or True in a dict of ids) is block 1. Refuse it with "
+                        "isinstance(block, bool) in _check, before the range test.")
 
     # the real engine
     model, tokenizer = tiny_model()

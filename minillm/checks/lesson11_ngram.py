@@ -71,6 +71,31 @@ def _too_long(got: list[int], want: list[int], k: int) -> str | None:
     return None
 
 
+def _search(tokens, k, min_n, max_n, overlap: bool = True):
+    """(n, start, proposal) of the latest earlier match, longest n first; with overlap=False,
+    the classic mistake: only occurrences that end before the suffix begins (in tokens[:len - n])."""
+    length = len(tokens)
+    for n in range(min(max_n, length - 1), min_n - 1, -1):
+        suffix = tokens[length - n:]
+        for start in range(length - n - 1 if overlap else length - 2 * n, -1, -1):
+            if tokens[start:start + n] == suffix:
+                return n, start, tokens[start + n:start + n + k]
+    return None, None, []
+
+
+def _overlap_missed(got: list[int], tokens, k, min_n, max_n) -> str | None:
+    """The hint when `got` is what a search that skips overlapping occurrences proposes."""
+    n, start, want = _search(tokens, k, min_n, max_n)
+    if got == want or got != _search(tokens, k, min_n, max_n, overlap=False)[2]:
+        return None
+    length = len(tokens)
+    return (f"the latest earlier occurrence of the suffix {tokens[length - n:]} starts at position {start} and "
+            f"overlaps the suffix (positions {length - n}-{length - 1}); your search skipped it, as if an "
+            f"occurrence had to end before the suffix begins (a search in tokens[:len - n]), and proposed "
+            f"{got}. Overlap is allowed: try every start from len - n - 1 down to 0; only start len - n, the "
+            "suffix itself, is excluded")
+
+
 def _call(g, fn, tokens, k, min_n, max_n) -> list[int]:
     call = f"propose_ngram({tokens}, k={k}, min_n={min_n}, max_n={max_n})"
     given = list(tokens)
@@ -93,7 +118,8 @@ def check_ngram_proposer(fn) -> bool:
         got = _call(g, fn, tokens, k, min_n, max_n)
         if got != want:
             raise AssertionError(f"{rule}: propose_ngram({tokens}, k={k}, min_n={min_n}, max_n={max_n}) returned "
-                                 f"{got}, expected {want}\n    Hint: {_too_long(got, want, k) or hint}")
+                                 f"{got}, expected {want}\n    Hint: "
+                                 f"{_overlap_missed(got, tokens, k, min_n, max_n) or _too_long(got, want, k) or hint}")
     rng = random.Random(0)
     for _ in range(400):
         tokens = [rng.randrange(4) for _ in range(rng.randrange(0, 16))]
@@ -102,7 +128,8 @@ def check_ngram_proposer(fn) -> bool:
         got, want = _call(g, fn, tokens, k, min_n, max_n), propose_ngram(tokens, k, min_n, max_n)
         if got != want:
             raise AssertionError(f"on a random case, propose_ngram({tokens}, k={k}, min_n={min_n}, max_n={max_n}) "
-                                 f"returned {got}, expected {want}\n    Hint: for n from max_n down to min_n, the "
-                                 "last n tokens searched from start len - n - 1 down to 0; the first match gives "
-                                 "tokens[start + n:start + n + k]")
+                                 f"returned {got}, expected {want}\n    Hint: "
+                                 + (_overlap_missed(got, tokens, k, min_n, max_n) or
+                                    "for n from max_n down to min_n, the last n tokens searched from start "
+                                    "len - n - 1 down to 0; the first match gives tokens[start + n:start + n + k]"))
     return g.passed()
