@@ -170,7 +170,8 @@ def grade_notebook(sub: Submission, lesson, timeout: float, extra: dict, module:
     given = module_names(the_plan.prelude)
     tampering = {}                              # exercise -> what the static scan found
     for cell in cells:
-        found_here = scan(cell["source"], given)
+        course_imports = set().union(*(the_plan.given.get(i, set()) for i in cell["course"]))
+        found_here = scan(cell["source"], given, course_imports)
         for exercise in cell["exercises"] if found_here else []:
             tampering.setdefault(exercise, []).extend(found_here)
     hidden = {"module": module, "folder": folder, "functions": extra_names,

@@ -51,6 +51,7 @@ class Plan:
     cells: dict[str, list[str]]            # exercise cell id -> the exercises it defines objects for
     names: dict[str, set[str]]             # exercise cell id -> top-level names it defines
     prelude: list[str]                     # the lesson's own import statements
+    given: dict[str, set] = field(default_factory=dict)   # exercise cell id -> the imports the course's cell holds
 
 
 def _defined(tree) -> dict[str, ast.AST]:
@@ -75,7 +76,7 @@ def _imports(body) -> list:
 
 
 def plan(lesson) -> Plan:
-    checks, cells, names, prelude, objects = [], {}, {}, [], {}
+    checks, cells, names, prelude, objects, given = [], {}, {}, [], {}, {}
     for cell in lesson.cells:
         if cell.cell_type != "code" or cell.get("id") == SETUP_ID:
             continue
@@ -96,6 +97,7 @@ def plan(lesson) -> Plan:
                 elif _stubbed(node, lines):
                     objects[name] = None
             cells[cell.id] = []
+            given[cell.id] = import_keys(tree)
         elif tree:
             prelude += [ast.unparse(n) for n in _imports(tree.body)]
     for check in checks:
@@ -103,7 +105,7 @@ def plan(lesson) -> Plan:
         for cell_id in cells:
             if names[cell_id] & set(check.args):
                 cells[cell_id].append(check.exercise)
-    return Plan(checks, cells, names, prelude)
+    return Plan(checks, cells, names, prelude, given)
 
 
 # ---------------------------------------------------------------- the static scan
@@ -118,6 +120,30 @@ HOOKS = {"get_ipython", "set_custom_exc", "input_transformers_post", "input_tran
 FORBIDDEN_MODULES = ("IPython", "ipykernel", "nbval", "nbformat", "nbclient", "jupyter_client", "gc", "ctypes",
                      "minillm.course")
 ALLOWED_FROM_CHECKS = ("passed_or_reference", "CheckFailed")
+STUDENT_BASES = "minillm.checks.bases"   # the abstract bases exercise classes subclass: for students
+
+
+def import_keys(tree) -> set[tuple]:
+    """What a cell imports, one key per name: ("from", module, name) or ("import", module)."""
+    keys = set()
+    for node in _imports(tree.body) if tree else []:
+        if isinstance(node, ast.Import):
+            keys.update(("import", a.name) for a in node.names)
+        else:
+            keys.update(("from", "." * node.level + (node.module or ""), a.name) for a in node.names)
+    return keys
+
+
+def _student_bases() -> set[tuple]:
+    """("from", STUDENT_BASES, name) for each name of its `__all__`, read without importing it."""
+    path = Path(__file__).resolve().parents[1] / "checks" / "bases.py"
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names = next((ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                  and any(isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets)), [])
+    return {("from", STUDENT_BASES, name) for name in names}
+
+
+STUDENT_IMPORTS = frozenset(_student_bases())
 
 
 def _forbidden(module: str) -> bool:
@@ -133,20 +159,28 @@ def _base(node):
     return node.id if isinstance(node, ast.Name) else None
 
 
-def scan(source: str, given: set[str] = frozenset()) -> list[str]:
+def scan(source: str, given: set[str] = frozenset(), course_imports: set[tuple] = frozenset()) -> list[str]:
     """What in an exercise cell reaches the grading machinery (empty for ordinary code). `given`:
-    the module names the lesson's imports bind (torch, ...)."""
+    the module names the lesson's imports bind (torch, ...); `course_imports`: what the course's
+    own exercise cell imports (`import_keys`), which is the lesson's, not tampering, as are the
+    bases meant for students (`STUDENT_IMPORTS`, lesson 07's `DetokenizerBase`)."""
     tree = parse(source)
     if tree is None:
         return []
     modules = set(given)
+    allowed = set(course_imports) | STUDENT_IMPORTS
     found = []
 
     def flag(node, what):
         found.append(f"{what} (line {getattr(node, 'lineno', '?')})")
 
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and import_keys(ast.Module([node], [])) <= allowed:
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("minillm"):
+                modules.update(a.asname or a.name for a in node.names)
+            elif isinstance(node, ast.Import):
+                modules.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.Import):
             for alias in node.names:
                 modules.add((alias.asname or alias.name).split(".")[0])
                 if _forbidden(alias.name) or alias.name == "minillm.checks":
@@ -204,7 +238,7 @@ def module_names(prelude: list[str], every: bool = False) -> set[str]:
 def student_cells(the_plan: Plan, code: list) -> list[dict]:
     """The submission's exercise cells, in notebook order: by the course's cell id, else (a cell
     the student re-created) the code cell that defines the exercise's names."""
-    chosen = {}
+    chosen, course = {}, {}
     for cell_id, exercises in the_plan.cells.items():
         at = next((i for i, c in enumerate(code) if c.get("id") == cell_id), None)
         if at is None:
@@ -213,7 +247,9 @@ def student_cells(the_plan: Plan, code: list) -> list[dict]:
                        if not exercise_of(code[i]) and wanted & set(_defined(parse(code[i].source)))), None)
         if at is not None:
             chosen.setdefault(at, []).extend(exercises)
-    return [{"index": i, "source": python_source(code[i].source), "exercises": chosen[i]} for i in sorted(chosen)]
+            course.setdefault(at, []).append(cell_id)
+    return [{"index": i, "source": python_source(code[i].source), "exercises": chosen[i], "course": course[i]}
+            for i in sorted(chosen)]
 
 
 def needed_imports(prelude: list[str], cells: list[dict]) -> list[str]:
