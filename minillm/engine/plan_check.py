@@ -15,20 +15,25 @@ from .sequence import Sequence, Status
 
 def plan_errors(scheduled: list[tuple[Sequence, int]], scheduler, block_size: int) -> list[tuple[Sequence, str]]:
     """(seq, message) for each entry of a plan's `scheduled` list the runner must not run."""
-    bad, seen = [], set()
+    bad, seen, running = [], set(), Status.RUNNING
     for seq, n in scheduled:
-        why = _why_bad(seq, n, block_size, seen)
+        end = seq.num_computed_tokens + n if type(n) is int else 0
+        # end > seq's tokens (drafts included) is n > seq.num_uncomputed_tokens, spelled out: the
+        # property calls would cost several times the rest of the check at a large batch
+        if (end <= seq.num_computed_tokens or seq.seq_id in seen or seq.status is not running
+                or end > len(seq.prompt_token_ids) + len(seq.output_token_ids) + len(seq.spec_token_ids)
+                or len(seq.block_table) * block_size < end):
+            bad.append((seq, f"scheduler {type(scheduler).__name__} planned {_why_bad(seq, n, block_size, seen)}"))
         seen.add(seq.seq_id)
-        if why is not None:
-            bad.append((seq, f"scheduler {type(scheduler).__name__} planned {why}"))
     return bad
 
 
-def _why_bad(seq: Sequence, n, block_size: int, seen: set) -> str | None:
+def _why_bad(seq: Sequence, n, block_size: int, seen: set) -> str:
+    """What is wrong with one entry (only called for a bad one: the messages cost more than the checks)."""
     what = f"request {seq.request_id!r}" + (f" (sample {seq.index})" if seq.index else "")
-    tokens = f"{n} token" if n == 1 else f"{n} tokens"
     if type(n) is not int or n < 1:           # a bool is not a token count
         return f"{n!r} tokens for {what}: a scheduled sequence feeds an int of at least 1 token"
+    tokens = f"{n} token" if n == 1 else f"{n} tokens"
     if seq.seq_id in seen:
         return f"{what} twice in one step: each sequence appears once, with all its tokens"
     if seq.status is not Status.RUNNING:
@@ -41,7 +46,5 @@ def _why_bad(seq: Sequence, n, block_size: int, seen: set) -> str | None:
                   if seq.num_cached_tokens and not seq.output_token_ids else "")
         return f"{tokens} for {what} but it has only {left} left to compute{cached}"
     slots = len(seq.block_table) * block_size
-    if slots < seq.num_computed_tokens + n:
-        return (f"{tokens} for {what} after its {seq.num_computed_tokens} computed ones, but its block table "
-                f"has slots for {slots}: call block_manager.append_slots(seq, n) for every scheduled sequence")
-    return None
+    return (f"{tokens} for {what} after its {seq.num_computed_tokens} computed ones, but its block table "
+            f"has slots for {slots}: call block_manager.append_slots(seq, n) for every scheduled sequence")
