@@ -195,19 +195,21 @@ def test_replicas_answer_the_texts_of_one_engine(smol_front):
 
 @pytest.mark.slow
 def test_a_front_killed_outright_takes_its_replicas_along(smol_front):
-    pids = [r["pid"] for r in replica_states(smol_front.url)]
+    states = replica_states(smol_front.url)
+    pids, log_dir = [r["pid"] for r in states], os.path.dirname(states[0]["log"])
     smol_front.process.kill()                                # SIGKILL: no cleanup code of the front runs
     smol_front.process.wait(10)
     deadline = time.monotonic() + 30
     while [pid for pid in pids if alive(pid)]:               # each replica reads EOF on its lifeline
         assert time.monotonic() < deadline, [pid for pid in pids if alive(pid)]
         time.sleep(0.1)
+    assert not os.path.exists(log_dir)                       # the last replica out removed it
 
 
 @pytest.fixture(scope="module")
 def tiny_front(tmp_path_factory):
     front = start_front(tmp_path_factory.mktemp("tiny"), "--model", "tiny-llama", "--num-kv-blocks", "256",
-                        "--api-key", KEY)
+                        "--api-key", KEY, "--max-replica-restarts", "0")      # a dead replica stays dead here
     yield front
     front.__exit__()
 
@@ -242,7 +244,7 @@ def test_front_serves_models_health_and_metrics(tiny_front):
     assert httpx.get(url + "/v1/models").status_code == 401                  # the key, at the door
     (card,) = httpx.get(url + "/v1/models", headers={"Authorization": f"Bearer {KEY}"}).json()["data"]
     assert card["id"] == "tiny-llama"
-    assert httpx.get(url + "/health").json() == {"status": "ok"}
+    assert httpx.get(url + "/health").json()["status"] == "ok"
     r = httpx.post(url + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
                    json={"model": "tiny-llama", "prompt": "Hi", "max_tokens": 3, "temperature": -1})
     assert r.status_code == 400 and r.json()["error"]["param"] == "temperature"   # the replica's answer
@@ -317,8 +319,9 @@ def test_a_dead_replica_fails_its_requests_and_the_other_serves_on(tiny_front):
         assert raw.headers["x-minillm-replica"] == str(1 - victim)
         assert raw.parse().usage.completion_tokens == 3
     states = replica_states(url)
-    assert not states[victim]["up"] and states[1 - victim]["up"]
-    assert httpx.get(url + "/health").status_code == 200
+    assert not states[victim]["up"] and states[1 - victim]["up"] and states[victim]["state"] == "failed"
+    health = httpx.get(url + "/health")                     # --max-replica-restarts 0: no restart
+    assert health.status_code == 200 and health.json()["status"] == "degraded", health.json()
 
 
 def test_stopping_the_front_stops_every_replica(tiny_front):

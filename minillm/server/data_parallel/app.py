@@ -2,9 +2,14 @@
 
     POST /v1/completions, /v1/chat/completions   routed (router.py), forwarded (proxy.py)
     GET  /v1/models                               the first replica up answers
-    GET  /health                                  200 while at least one replica is in rotation
+    GET  /health     readiness: 200 while at least one replica is in rotation, its body saying
+                     "ok" (all of them) or "degraded" (fewer: n of N up, which are restarting);
+                     503 when none is (Retry-After while one restarts): send no traffic here
+    GET  /live       liveness: 200 while the front's event loop runs. The front heals its
+                     replicas itself (healing.py) and exits non-zero when it cannot, so an
+                     orchestrator restarts the front only when it is wedged or gone
     GET  /metrics                                 every replica's metrics, totals, the router's (metrics.py)
-    GET  /replicas                                the router's view: url, pid, up, in flight, routed
+    GET  /replicas                                the router's view: url, pid, state, in flight, routed
 
 The front does no model work, and the little CPU work it does (parsing a body, hashing a
 prompt, merging metrics) runs in worker threads, so its event loop only moves bytes.
@@ -22,28 +27,35 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from ..errors import install_error_handlers
 from ..guards import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES, Guards
-from .health import HealthMonitor
+from .door import HeaderLimit
+from .healing import BACKOFF, MAX_RESTARTS, Healer
+from .health import INTERVAL, REPLICA_TIMEOUT, HealthMonitor
 from .metrics import RouterMetrics, merge
-from .proxy import Proxy, error_reply
+from .proxy import Proxy
 from .router import Router
 
 SCRAPE_TIMEOUT = 5.0
+RETRY_AFTER = 5                 # seconds, in a 503 of /health while a replica restarts
 
 
 def build_front_app(replicas, router: Router, *, api_key: str | None = None,
-                    max_request_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                    body_timeout: float = DEFAULT_BODY_TIMEOUT, health_interval: float | None = None) -> FastAPI:
+                    max_request_body_bytes: int = DEFAULT_MAX_BODY_BYTES, body_timeout: float = DEFAULT_BODY_TIMEOUT,
+                    health_interval: float = INTERVAL, replica_timeout: float = REPLICA_TIMEOUT,
+                    max_restarts: int = MAX_RESTARTS, restart_backoff: float = BACKOFF, on_all_failed=None) -> FastAPI:
     """An app routing between `replicas` (replicas.Replica, already answering /health).
-    Starting and stopping their processes is the caller's business (main.py)."""
+    Starting and stopping their processes is the caller's business (main.py); restarting one
+    that exited is the app's, when the replica has a launcher (healing.py). `on_all_failed()`
+    runs when every replica has used its `max_restarts`."""
     metrics = RouterMetrics(router)
+    healer = Healer(replicas, metrics, max_restarts, restart_backoff, on_all_failed=on_all_failed)
     state: dict = {}
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=5.0)
         async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0), limits=limits) as client:
-            health = HealthMonitor(replicas, router, client, **({"interval": health_interval}
-                                                                if health_interval else {}))
+            state["health"] = health = HealthMonitor(replicas, router, client, health_interval, replica_timeout,
+                                                     healer)
             state["proxy"] = Proxy(replicas, router, client, health, metrics)
             monitor = asyncio.create_task(health.run())
             try:
@@ -56,6 +68,7 @@ def build_front_app(replicas, router: Router, *, api_key: str | None = None,
     app = FastAPI(title="minillm (data parallel)", lifespan=lifespan, openapi_url=None)
     app.state.router = router
     app.add_middleware(Guards, api_key=api_key, max_body_bytes=max_request_body_bytes, body_timeout=body_timeout)
+    app.add_middleware(HeaderLimit)                     # the outermost: before the key is even read
     install_error_handlers(app)
 
     @app.post("/v1/completions")
@@ -72,9 +85,15 @@ def build_front_app(replicas, router: Router, *, api_key: str | None = None,
 
     @app.get("/health")
     async def health():
-        if not any(router.up):
-            return error_reply(503, "no replica is in rotation", "no_replica")
-        return {"status": "ok"}
+        summary = state["health"].summary()
+        if summary["replicas_up"]:
+            return summary
+        headers = {"Retry-After": str(RETRY_AFTER)} if summary["restarting"] else None
+        return JSONResponse(summary, status_code=503, headers=headers)
+
+    @app.get("/live")
+    async def live():
+        return {"status": "alive"}
 
     @app.get("/metrics")
     async def scrape():
@@ -95,6 +114,12 @@ def build_front_app(replicas, router: Router, *, api_key: str | None = None,
     async def replica_states():
         return JSONResponse({"policy": router.policy, "load_bound": router.load_bound, "replicas": [
             {"index": r.index, "url": r.url, "pid": r.pid, "log": r.log, "up": router.up[r.index],
+             "state": replica_state(r.index), "restarts": healer.state[r.index].restarts,
              "in_flight": router.in_flight[r.index], "routed": router.routed[r.index]} for r in replicas]})
+
+    def replica_state(i: int) -> str:
+        if router.up[i]:
+            return "up"
+        return "failed" if healer.state[i].failed else "restarting" if healer.restarting(i) else "down"
 
     return app

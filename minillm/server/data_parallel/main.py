@@ -8,6 +8,10 @@ the way out, whatever happened, stop every replica (replicas.py).
 Shutdown keeps a single server's contract: the front's first signal goes on to the replicas
 at once, so each gives its requests in flight the same --shutdown-timeout and then ends the
 rest with an error in OpenAI's shape, which the front relays while it drains its own.
+Meanwhile a replica that exits is started again (healing.py, up to --max-replica-restarts in a
+row), and one silent for --replica-timeout seconds has its requests ended (health.py); when
+every replica has failed for good, the front shuts down and exits 1. The replicas' logs go
+to one temporary directory, removed with them.
 """
 from __future__ import annotations
 
@@ -18,12 +22,14 @@ import sys
 from ...cli.engine_args import engine_config_from_args
 from ..run import Server, Timeouts
 from .app import build_front_app
-from .replicas import signal_replicas, start_replicas, stop_replicas
+from .replicas import READY_TIMEOUT, Launcher, signal_replicas, stop_replicas, wait_ready
 from .router import Router
 
 
 def main(args) -> int:
     n = args.data_parallel_size
+    if args.replica_timeout <= 0 or args.max_replica_restarts < 0:
+        raise ValueError("--replica-timeout must be > 0 and --max-replica-restarts >= 0")
     engine_config_from_args(args)                       # validates the engine flags the replicas get
     timeouts = Timeouts(args.shutdown_timeout, args.header_timeout, args.timeout_keep_alive)
     router = Router(n, args.router_policy or "cache-aware", args.router_load_bound)
@@ -33,28 +39,41 @@ def main(args) -> int:
         print(f"error: cannot listen on {args.host}:{args.port}: {e.strerror or e}", file=sys.stderr)
         return 2
     print(f"starting {n} replicas ({router.policy} routing)...", flush=True)
+    launcher, replicas = Launcher(args, n), []
     try:
-        replicas = start_replicas(args, n)
-    except (RuntimeError, TimeoutError) as e:           # a replica failed to start: its log says why
-        sock.close()
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    try:
+        try:
+            for i in range(n):
+                replicas.append(launcher.start(i))
+            wait_ready(replicas, READY_TIMEOUT)
+        except (RuntimeError, TimeoutError) as e:       # a replica failed to start: its log says why
+            print(f"error: {e}", file=sys.stderr)
+            return 1
         for r in replicas:
             print(f"  {r.describe()}, log {r.log}", flush=True)
         app = build_front_app(replicas, router, api_key=args.api_key, body_timeout=args.body_timeout,
-                              max_request_body_bytes=args.max_request_body_bytes)
+                              max_request_body_bytes=args.max_request_body_bytes,
+                              replica_timeout=args.replica_timeout, max_restarts=args.max_replica_restarts,
+                              on_all_failed=lambda: front.give_up())
         front = FrontServer(app, sock, timeouts=timeouts)
         front.replicas = replicas
         front.run()
     finally:                                            # (a front killed outright: lifeline.py)
+        sock.close()
         stop_replicas(replicas, timeout=args.shutdown_timeout + 10)
-    return 0
+        launcher.remove_logs()
+    return front.exit_code
 
 
 class FrontServer(Server):
     replicas: list = []
+    exit_code = 0
 
     def begin_shutdown(self) -> None:
         super().begin_shutdown()
         signal_replicas(self.replicas, signal.SIGTERM)     # they drain alongside the front
+
+    def give_up(self) -> None:
+        """Every replica failed for good: stop, and exit 1 so that the orchestrator restarts us."""
+        self.exit_code = 1
+        if not self.should_exit:
+            self.begin_shutdown()

@@ -25,7 +25,7 @@ NOT_ADDED = {("minillm:memory_bytes", "available_host")}      # the replicas sha
 
 class RouterMetrics:
     """The router's counters: requests routed per replica and policy, what the router believed
-    was cached where, failures; and, read at scrape time, in flight and up per replica."""
+    was cached where, failures, restarts; and, read at scrape time, in flight and up per replica."""
 
     def __init__(self, router):
         self.registry = registry = CollectorRegistry()
@@ -37,7 +37,12 @@ class RouterMetrics:
         self.matched_chars = Counter("minillm:router_matched_prefix_chars", "Prompt characters the router "
                                      "believed cached on the replica it chose", ["replica"], registry=registry)
         self.failures = Counter("minillm:router_replica_failures", "Requests a replica failed to answer "
-                                "(it died or dropped the connection)", ["replica"], registry=registry)
+                                "(it died, dropped the connection or went silent)", ["replica"], registry=registry)
+        self.restarts = Counter("minillm:router_replica_restarts", "Times the front started a replica again "
+                                "after it exited", ["replica"], registry=registry)
+        for i in range(len(router.up)):                 # 0 from the start, not absent until the first
+            self.failures.labels(replica=str(i))
+            self.restarts.labels(replica=str(i))
         registry.register(_RouterState(router))
 
     def routed(self, route, policy: str) -> None:
@@ -48,6 +53,9 @@ class RouterMetrics:
 
     def failed(self, replica: int) -> None:
         self.failures.labels(replica=str(replica)).inc()
+
+    def restarted(self, replica: int) -> None:
+        self.restarts.labels(replica=str(replica)).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -5,16 +5,24 @@ it only needs a string whose prefixes follow the prompt's: for /v1/completions t
 (the first one of a batch; token ids spelled as numbers), for /v1/chat/completions the
 messages one after the other (role, then text), so two chats with the same system prompt
 and first turns share a prefix, as their templated token ids will. A body it cannot read
-gives None: the request still goes to a replica (the least loaded), which answers the error.
+gives None: the request still goes to a replica (the least loaded), which answers the error;
+except a body nested deeper than Python's parser goes (RecursionError, which a replica answers
+with a 400 too): that one the front refuses itself (TooDeep), before it costs a replica anything.
 """
 from __future__ import annotations
 
 import json
 
 
+class TooDeep(ValueError):
+    """The body's JSON nests deeper than the parser's recursion limit."""
+
+
 def routing_text(path: str, body: bytes) -> str | None:
     try:
         request = json.loads(body)
+    except RecursionError:
+        raise TooDeep("the request body's JSON is nested too deeply") from None
     except ValueError:
         return None
     if not isinstance(request, dict):
@@ -26,12 +34,12 @@ def routing_text(path: str, body: bytes) -> str | None:
 
 def prompt_text(prompt) -> str | None:
     """A completion's prompt: a string, token ids, or a batch of either (the first leads)."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]                          # one level only: deeper is no prompt
     if isinstance(prompt, str):
         return prompt
-    if isinstance(prompt, list) and prompt:
-        if all(isinstance(t, int) for t in prompt):
-            return " ".join(map(str, prompt)) + " "
-        return prompt_text(prompt[0])
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return " ".join(map(str, prompt)) + " "
     return None
 
 

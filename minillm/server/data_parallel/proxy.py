@@ -11,9 +11,14 @@ status and body through. What the front adds is what only a front can know:
     stream has begun (the 200 is sent), an error event and `data: [DONE]`. Events are
     relayed whole (split at the blank line that ends each), so the client never reads half
     an event before the error;
+  - a replica that goes silent (health.py: no /health answer for --replica-timeout seconds,
+    e.g. a stopped process) does not keep its clients waiting: 504 in OpenAI's shape, or an
+    error event and `data: [DONE]`, and the connection to it is closed;
   - a client that leaves closes the connection to the replica, which aborts the request
     and frees its KV blocks, as it would with the client connected directly (a non-streamed
     answer sends nothing until it is complete, so the front watches the client meanwhile).
+A client's mistake is never a replica's failure: a body nested too deeply is refused here
+(400), oversized headers at the door (door.py), anything else the replica answers itself.
 """
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from ..errors import error_body
-from .prompts import routing_text
+from .prompts import TooDeep, routing_text
 from .router import NoReplica
 
 log = logging.getLogger("minillm.server")
@@ -39,7 +44,7 @@ REPLICA_HEADER = "x-minillm-replica"                             # which replica
 
 def error_json(status: int, message: str, code: str) -> dict:
     body = error_body(status, message, code=code)
-    if status == 502:
+    if status in (502, 504):
         body["error"]["type"] = "server_error"
     return body
 
@@ -57,18 +62,26 @@ class Proxy:
         """/v1/completions and /v1/chat/completions: route by the prompt, then forward."""
         body = await request.body()
         path, tried = request.url.path, set()
+        try:                    # parsing is CPU work: a worker thread
+            text = await asyncio.to_thread(routing_text, path, body)
+        except TooDeep as e:
+            return error_reply(400, f"{e}: the body is not valid for any replica", "invalid_json")
         while True:
             try:
-                route = await asyncio.to_thread(lambda: self.router.route(routing_text(path, body), frozenset(tried)))
+                route = await asyncio.to_thread(self.router.route, text, frozenset(tried))
             except NoReplica:
                 return error_reply(503, "no replica is available to serve the request", "no_replica")
             self.metrics.routed(route, self.router.policy)
             i = route.replica
+            hung = self.health.hung(i)
             try:                # a non-streamed answer's headers come with its body: watch the client
-                upstream = await unless_client_leaves(request, self._send(i, request, body))
+                upstream = await until_over(self._send(i, request, body), request, hung)
             except ClientLeft:
                 self.router.done(i)
                 return Response(status_code=499)                           # nobody reads this
+            except ReplicaHung:
+                self.router.done(i)
+                return self._silent(i)
             except (httpx.ConnectError, httpx.ConnectTimeout) as e:      # it never got the request
                 self.router.done(i)
                 tried.add(i)
@@ -79,7 +92,7 @@ class Proxy:
                 if isinstance(e, httpx.HTTPError):
                     return await self._failed(i, e)
                 raise
-            return await self._respond(request, i, upstream, counted=True)
+            return await self._respond(request, i, upstream, hung, counted=True)
 
     async def forward_any(self, request: Request) -> Response:
         """GET /v1/models: every replica serves the same model; the first one up answers."""
@@ -95,7 +108,7 @@ class Proxy:
                 continue
             except httpx.HTTPError as e:
                 return await self._failed(i, e)
-            return await self._respond(request, i, upstream, counted=False)
+            return await self._respond(request, i, upstream, self.health.hung(i), counted=False)
         return error_reply(503, "no replica is available to serve the request", "no_replica")
 
     async def _send(self, i: int, request: Request, body: bytes) -> httpx.Response:
@@ -109,7 +122,17 @@ class Proxy:
         await self.health.lost(i, e)
         return error_reply(502, f"replica {i} failed while answering: {type(e).__name__}", "replica_failed")
 
-    async def _respond(self, request: Request, i: int, upstream: httpx.Response, counted: bool) -> Response:
+    def _silent_error(self, i: int) -> dict:
+        self.metrics.failed(i)
+        return error_json(504, f"replica {i} has not answered for {self.health.replica_timeout:g} s "
+                               "(--replica-timeout); it is out of rotation", "replica_timeout")
+
+    def _silent(self, i: int) -> Response:
+        body = self._silent_error(i)
+        return Response(json.dumps(body), status_code=504, media_type="application/json")
+
+    async def _respond(self, request: Request, i: int, upstream: httpx.Response, hung: asyncio.Event,
+                       counted: bool) -> Response:
         """Relay the replica's answer; the request stops counting in flight once it is over."""
         finished = False
 
@@ -125,25 +148,32 @@ class Proxy:
         headers[REPLICA_HEADER] = str(i)
         try:
             if upstream.headers.get("content-type", "").startswith("text/event-stream"):
-                return RelayedStream(self._events(i, upstream), finish, status_code=upstream.status_code,
+                return RelayedStream(self._events(i, upstream, hung), finish, status_code=upstream.status_code,
                                      headers=headers)
-            content = await unless_client_leaves(request, upstream.aread())
+            content = await until_over(upstream.aread(), request, hung)
         except httpx.HTTPError as e:
             await finish()
             return await self._failed(i, e)
         except ClientLeft:
             await finish()
             return Response(status_code=499)
+        except ReplicaHung:
+            await finish()
+            return self._silent(i)
         except BaseException:
             await finish()
             raise
         await finish()
         return Response(content, status_code=upstream.status_code, headers=headers)
 
-    async def _events(self, i: int, upstream: httpx.Response):
-        buffer = b""
+    async def _events(self, i: int, upstream: httpx.Response, hung: asyncio.Event):
+        buffer, pieces = b"", upstream.aiter_raw()
         try:
-            async for piece in upstream.aiter_raw():
+            while True:
+                try:
+                    piece = await until_over(anext(pieces), None, hung)
+                except StopAsyncIteration:
+                    return
                 buffer += piece
                 *events, buffer = buffer.split(b"\n\n")
                 for event in events:
@@ -152,8 +182,10 @@ class Proxy:
             self.metrics.failed(i)
             await self.health.lost(i, e)
             error = error_json(502, f"replica {i} failed during the stream: {type(e).__name__}", "replica_failed")
-            yield f"data: {json.dumps(error)}\n\n".encode()
-            yield b"data: [DONE]\n\n"
+        except ReplicaHung:
+            error = self._silent_error(i)
+        yield f"data: {json.dumps(error)}\n\n".encode()
+        yield b"data: [DONE]\n\n"
 
 
 class RelayedStream(StreamingResponse):
@@ -175,23 +207,30 @@ class ClientLeft(Exception):
     """The client disconnected before its answer was complete."""
 
 
-async def unless_client_leaves(request: Request, work):
+class ReplicaHung(Exception):
+    """The replica went silent (health.py) before the answer was complete."""
+
+
+async def until_over(work, request: Request | None, hung: asyncio.Event):
     """Await `work` (sending to the replica, reading its answer); if the client disconnects
-    first, cancel it, which closes the connection to the replica (that aborts the request
-    there and frees its KV blocks), and raise ClientLeft."""
+    first (when `request` is given) or the replica is declared hung, cancel it, which closes
+    the connection to the replica (that aborts the request there and frees its KV blocks), and
+    raise ClientLeft or ReplicaHung."""
     async def client_left():
         while (await request.receive())["type"] != "http.disconnect":
             pass
 
-    work, left = asyncio.ensure_future(work), asyncio.ensure_future(client_left())
+    work = asyncio.ensure_future(work)
+    watchers = [asyncio.ensure_future(hung.wait())] + ([asyncio.ensure_future(client_left())] if request else [])
     try:
-        await asyncio.wait({work, left}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({work, *watchers}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        left.cancel()
-        if not work.done():
-            work.cancel()
-            with contextlib.suppress(BaseException):
-                await work                   # let httpx close the connection before we go on
+        for watcher in watchers:
+            watcher.cancel()
+        if not work.done():             # let httpx close the connection before we go on; asyncio.wait,
+            work.cancel()               # not `await work`: if we are cancelled meanwhile (a client gone from a
+            with contextlib.suppress(BaseException):    # stream), that must not cancel httpx's cleanup too
+                await asyncio.wait({work})
     if work.cancelled():
-        raise ClientLeft()
+        raise ReplicaHung() if hung.is_set() else ClientLeft()
     return work.result()

@@ -6,16 +6,22 @@ It runs in its own session, so a Ctrl-C in the terminal reaches the front only a
 decides the order of shutdown; its stdin is a pipe from the front (lifeline.py), so it ends
 when the front ends, even a front killed with SIGKILL. Its output goes to a log file (the
 front prints where): N servers' access logs interleaved on one terminal would read as noise.
+The logs of one front's replicas share a directory, removed when the replicas are stopped
+(the front logs the end of a replica's log when it exits, so a crash's cause outlives it).
 On CPU each replica gets cores / N threads (unless OMP_NUM_THREADS says otherwise); with
-enough GPUs each gets its own (unless CUDA_VISIBLE_DEVICES says otherwise).
+enough GPUs each gets its own (unless CUDA_VISIBLE_DEVICES says otherwise). A `Launcher`
+remembers how replica i was started, so the front can start it again (healing.py).
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -23,6 +29,7 @@ import httpx
 
 from ...cli.engine_args import engine_argv
 from ...utils.ports import free_port
+from .lifeline import LOG_VARIABLE
 
 READY_TIMEOUT = 600.0          # seconds for every replica to load its model and answer /health
 REPLICA_KEEP_ALIVE = 60.0      # replicas keep idle connections longer than the front's pool does
@@ -34,6 +41,7 @@ class Replica:
     url: str
     process: subprocess.Popen | None = None     # None: a server someone else started (tests)
     log: str | None = None
+    launcher: "Launcher | None" = field(default=None, repr=False)   # None: cannot be restarted
     exit_reported: bool = field(default=False, repr=False)
     terminated: bool = field(default=False, repr=False)     # sent SIGTERM: draining (a second one is "now")
 
@@ -83,23 +91,70 @@ def _gpu_count() -> int:
         return 0
 
 
+class Launcher:
+    """Starts replica i's process, the first time or again after it exited: the front's flags, a
+    free port (a new one each time: the old one may be held by a dying process), its log file
+    (appended to). Once `stopping`, it starts nothing: the front is shutting down."""
+
+    def __init__(self, args, n: int, log_dir: str | None = None):
+        self.args, self.n = args, n
+        self.gpus = getattr(args, "tensor_parallel_size", None) or 1
+        self.own_dir = log_dir is None
+        self.log_dir = log_dir or tempfile.mkdtemp(prefix="minillm-replicas-")
+        self.stopping = False
+        self.lock = threading.Lock()        # a restart (a worker thread) against a stop (signal_replicas)
+
+    def start(self, i: int) -> Replica:
+        replica = Replica(i, "", launcher=self, log=os.path.join(self.log_dir, f"replica-{i}.log"))
+        self._spawn(replica)
+        return replica
+
+    def restart(self, replica: Replica) -> bool:
+        """Start an exited replica again, in place (same index and log); False once stopping."""
+        with self.lock:
+            if self.stopping:
+                return False
+            if replica.process is not None and replica.process.stdin:
+                replica.process.stdin.close()
+            replica.exit_reported = replica.terminated = False
+            self._spawn(replica)
+        return True
+
+    def argv(self, port: int) -> list[str]:
+        return replica_argv(self.args, port)
+
+    def env(self, index: int) -> dict:
+        return {**replica_env(index, self.n, self.args.api_key, self.gpus),
+                LOG_VARIABLE: os.path.join(self.log_dir, f"replica-{index}.log")}
+
+    def _spawn(self, replica: Replica) -> None:
+        port = free_port()
+        with open(replica.log, "a") as out:
+            out.write(f"--- minillm front: starting replica {replica.index} on port {port} at "
+                      f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+            out.flush()
+            replica.process = subprocess.Popen(self.argv(port), stdin=subprocess.PIPE, stdout=out,
+                                               stderr=subprocess.STDOUT, start_new_session=True,
+                                               env=self.env(replica.index))
+        replica.url = f"http://127.0.0.1:{port}"
+
+    def remove_logs(self) -> None:
+        if self.own_dir:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+
+
 def start_replicas(args, n: int, log_dir: str | None = None, ready_timeout: float = READY_TIMEOUT) -> list[Replica]:
-    """Start n replicas at once (their models load in parallel) and wait for all of them."""
-    log_dir = log_dir or tempfile.mkdtemp(prefix="minillm-replicas-")
-    gpus = getattr(args, "tensor_parallel_size", None) or 1
+    """Start n replicas at once (their models load in parallel) and wait for all of them.
+    Their logs go to `log_dir`, or to a temporary directory that `stop_replicas` removes."""
+    launcher = Launcher(args, n, log_dir)
     replicas = []
     try:
         for i in range(n):
-            port = free_port()
-            log = os.path.join(log_dir, f"replica-{i}.log")
-            with open(log, "w") as out:
-                process = subprocess.Popen(replica_argv(args, port), stdin=subprocess.PIPE, stdout=out,
-                                           stderr=subprocess.STDOUT, env=replica_env(i, n, args.api_key, gpus),
-                                           start_new_session=True)
-            replicas.append(Replica(i, f"http://127.0.0.1:{port}", process, log))
+            replicas.append(launcher.start(i))
         wait_ready(replicas, ready_timeout)
     except BaseException:
         stop_replicas(replicas, timeout=5.0)
+        launcher.remove_logs()
         raise
     return replicas
 
@@ -124,9 +179,9 @@ def wait_ready(replicas: list[Replica], timeout: float) -> None:
 
 def stop_replicas(replicas: list[Replica], timeout: float = 30.0) -> None:
     """SIGTERM every replica's process group (the graceful shutdown), SIGKILL what is left
-    after `timeout` seconds, and reap them all: no zombie, no orphan."""
+    after `timeout` seconds, and reap them all: no zombie, no orphan. Then remove their logs."""
+    signal_replicas([r for r in replicas if not r.terminated], signal.SIGTERM)
     running = [r for r in replicas if r.process is not None and r.process.poll() is None]
-    signal_replicas([r for r in running if not r.terminated], signal.SIGTERM)
     deadline = time.monotonic() + timeout
     for r in running:
         try:
@@ -139,13 +194,20 @@ def stop_replicas(replicas: list[Replica], timeout: float = 30.0) -> None:
             if r.process.stdin:
                 r.process.stdin.close()
             r.process.poll()
+    for launcher in {id(r.launcher): r.launcher for r in replicas if r.launcher}.values():
+        launcher.remove_logs()
 
 
 def signal_replicas(replicas: list[Replica], sig: int) -> None:
+    """Signal each replica's process group; SIGTERM also tells its launcher to start nothing
+    more (under its lock, so a restart under way is either done, and signalled, or not begun)."""
     for r in replicas:
-        if r.process is not None and r.process.poll() is None:
-            r.terminated = r.terminated or sig == signal.SIGTERM
-            _signal_group(r.process, sig)
+        with r.launcher.lock if r.launcher else contextlib.nullcontext():
+            if sig == signal.SIGTERM and r.launcher:
+                r.launcher.stopping = True
+            if r.process is not None and r.process.poll() is None:
+                r.terminated = r.terminated or sig == signal.SIGTERM
+                _signal_group(r.process, sig)
 
 
 def _signal_group(process: subprocess.Popen, sig: int) -> None:
