@@ -171,3 +171,23 @@ def test_one_mistake_fails_one_exercise_the_references_stand_in_for_the_others()
         assert ns["sample"] is not ns["broken_sample"] and ns["sample"].__module__ == "minillm.sample.sampler"
     assert ns["sample"].__code__.co_filename == "<notebook cell 1>"
     assert naive_generation  # the reference module the lesson's generate_naive check runs against
+
+
+def test_a_passing_check_returns_true_and_a_notebook_cell_shows_only_its_verdict_line():
+    """A check cell's last expression is the check: Jupyter shows the ✅ line it prints and
+    no stray `True` under it, while a caller still gets a value equal to True."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    from minillm.models.llama import apply_rope
+
+    result = checks.check_rope(apply_rope)
+    assert result == True and bool(result) and repr(result) == "True"        # noqa: E712
+    assert result is harness.PASSED
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "from minillm.checks import check_rope\nfrom minillm.models.llama import apply_rope\n"
+        "check_rope(apply_rope)")])
+    NotebookClient(nb, timeout=300, kernel_name="python3").execute()
+    outputs = nb.cells[0].outputs
+    assert [o.output_type for o in outputs] == ["stream"], outputs       # no execute_result: no `True`
+    assert outputs[0].text.startswith("✅ check_rope passed")

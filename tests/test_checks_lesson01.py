@@ -60,7 +60,7 @@ def top_k_in_place(logits, top_k):
 
 
 def test_check_top_k_passes_reference():
-    assert checks.check_top_k(apply_top_k) is True
+    assert checks.check_top_k(apply_top_k)
 
 
 def test_check_top_k_accepts_exactly_k_on_ties():
@@ -69,7 +69,7 @@ def test_check_top_k_accepts_exactly_k_on_ties():
             return logits
         keep = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, logits.topk(top_k).indices, True)
         return torch.where(keep, logits, torch.full_like(logits, float("-inf")))
-    assert checks.check_top_k(scatter_top_k) is True
+    assert checks.check_top_k(scatter_top_k)
 
 
 @pytest.mark.parametrize("bad, match", [
@@ -128,7 +128,7 @@ def top_p_keeps_one_token_too_many(logits, top_p):
 
 
 def test_check_top_p_passes_reference():
-    assert checks.check_top_p(apply_top_p) is True
+    assert checks.check_top_p(apply_top_p)
 
 
 def test_check_top_p_accepts_another_formulation():
@@ -139,7 +139,7 @@ def test_check_top_p_accepts_another_formulation():
         keep_sorted = (probs.cumsum(-1) - probs) < top_p
         keep = torch.empty_like(keep_sorted).scatter_(-1, order, keep_sorted)
         return torch.where(keep, logits, torch.full_like(logits, float("-inf")))
-    assert checks.check_top_p(shifted_cumsum) is True
+    assert checks.check_top_p(shifted_cumsum)
 
 
 def test_check_top_p_hint_names_the_nucleus():
@@ -211,7 +211,7 @@ def sampler_in_place_temperature(logits, params, generators):
 
 
 def test_check_sampler_passes_reference():
-    assert checks.check_sampler(sample) is True
+    assert checks.check_sampler(sample)
 
 
 def test_check_sampler_accepts_another_random_stream():
@@ -223,7 +223,7 @@ def test_check_sampler_accepts_another_random_stream():
                 u = torch.rand((), generator=generators[i])
                 out[i] = min(int(torch.searchsorted(probs.cumsum(-1), u * probs.sum())), len(probs) - 1)
         return out
-    assert checks.check_sampler(inverse_cdf) is True
+    assert checks.check_sampler(inverse_cdf)
 
 
 @pytest.mark.parametrize("bad, match", [
@@ -298,13 +298,13 @@ def naive_skeleton(model, tokenizer, prompt, params, on_token=None):
 
 
 def test_check_generate_naive_passes_reference():
-    assert checks.check_generate_naive(generate_naive) is True
+    assert checks.check_generate_naive(generate_naive)
 
 
 def test_check_generate_naive_accepts_an_independent_loop():
     def own_loop(model, tokenizer, prompt, params, on_token=None):
         return _naive_loop(model, tokenizer, prompt, params, on_token)
-    assert checks.check_generate_naive(own_loop) is True
+    assert checks.check_generate_naive(own_loop)
 
 
 @pytest.mark.parametrize("bad, match", [

@@ -61,7 +61,7 @@ class CacheSkeleton(ContiguousKVCache):
 
 
 def test_check_contiguous_cache_passes_reference():
-    assert checks.check_contiguous_cache(ContiguousKVCache) is True
+    assert checks.check_contiguous_cache(ContiguousKVCache)
 
 
 def test_check_contiguous_cache_passes_an_independent_class():
@@ -84,7 +84,7 @@ def test_check_contiguous_cache_passes_an_independent_class():
         def attend(self, layer_idx, q, k, v):
             return self.inner.attend(layer_idx, q, k, v)
 
-    assert checks.check_contiguous_cache(Mine) is True
+    assert checks.check_contiguous_cache(Mine)
 
 
 def test_check_contiguous_cache_passes_a_from_scratch_class():
@@ -119,7 +119,7 @@ def test_check_contiguous_cache_passes_a_from_scratch_class():
                     out[b * self.T + t] = torch.einsum("hl,lhd->hd", scores.softmax(-1), values)
             return out
 
-    assert checks.check_contiguous_cache(Handwritten) is True
+    assert checks.check_contiguous_cache(Handwritten)
 
 
 @pytest.mark.parametrize("bad, match", [

@@ -39,7 +39,7 @@ def hash_drops_last_token(parent, token_ids):
 
 
 def test_check_block_hash_passes_reference():
-    assert checks.check_block_hash(block_hash) is True
+    assert checks.check_block_hash(block_hash)
 
 
 def test_check_block_hash_rejects_python_hash_even_of_a_tuple():
@@ -113,7 +113,7 @@ class CacheSkeleton(PrefixCache):
 
 
 def test_check_prefix_cache_passes_reference():
-    assert checks.check_prefix_cache(PrefixCache) is True
+    assert checks.check_prefix_cache(PrefixCache)
 
 
 def test_check_prefix_cache_accepts_an_independent_cache():
@@ -148,7 +148,7 @@ def test_check_prefix_cache_accepts_an_independent_cache():
         def hit_rate(self):
             return self.found / max(self.asked, 1)
 
-    assert checks.check_prefix_cache(Mine) is True
+    assert checks.check_prefix_cache(Mine)
 
 
 @pytest.mark.parametrize("bad, match", [
@@ -226,7 +226,7 @@ class CoWSkeleton(BlockManager):
 
 
 def test_check_copy_on_write_passes_reference():
-    assert checks.check_copy_on_write(BlockManager) is True
+    assert checks.check_copy_on_write(BlockManager)
 
 
 def test_check_copy_on_write_accepts_an_independent_append_slots():
@@ -242,7 +242,7 @@ def test_check_copy_on_write_accepts_an_independent_append_slots():
                     self.allocator.free(shared)
                     self.ops.copies.append((shared, private))
                     seq.block_table[i] = private
-    assert checks.check_copy_on_write(Mine) is True
+    assert checks.check_copy_on_write(Mine)
 
 
 @pytest.mark.parametrize("bad, match", [

@@ -110,16 +110,16 @@ class SchedulerSkeleton(ContinuousBatchingScheduler):
 
 
 def test_check_scheduler_passes_reference():
-    assert checks.check_scheduler(ContinuousBatchingScheduler) is True
+    assert checks.check_scheduler(ContinuousBatchingScheduler)
 
 
 def test_check_scheduler_passes_the_engines_scheduler():
     """The engine's Scheduler is the core plus preemption, priorities and seats: it passes too."""
-    assert checks.check_scheduler(Scheduler) is True
+    assert checks.check_scheduler(Scheduler)
 
 
 def test_check_scheduler_accepts_the_planted_base_with_no_knob_turned():
-    assert checks.check_scheduler(_PlantedScheduler) is True
+    assert checks.check_scheduler(_PlantedScheduler)
 
 
 @pytest.mark.parametrize("bad, match", [

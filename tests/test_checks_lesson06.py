@@ -69,7 +69,7 @@ class PreemptSkeleton(Scheduler):
 
 
 def test_check_preemption_passes_reference():
-    assert checks.check_preemption(Scheduler) is True
+    assert checks.check_preemption(Scheduler)
 
 
 def test_check_preemption_accepts_an_independent_preempt():
@@ -88,7 +88,7 @@ def test_check_preemption_accepts_an_independent_preempt():
                 self.bm.free(seq)
                 seq.status = Status.WAITING
                 self.waiting.insert(0, seq)        # schedule() sorts the queues anyway
-    assert checks.check_preemption(Mine) is True
+    assert checks.check_preemption(Mine)
 
 
 @pytest.mark.parametrize("bad, match", [
@@ -160,11 +160,11 @@ class SwapSkeleton(BlockManager):
 
 
 def test_check_swap_passes_reference():
-    assert checks.check_swap(BlockManager) is True
+    assert checks.check_swap(BlockManager)
 
 
 def test_check_swap_accepts_the_planted_base_with_no_knob_turned():
-    assert checks.check_swap(_PlantedSwap) is True
+    assert checks.check_swap(_PlantedSwap)
 
 
 @pytest.mark.parametrize("bad, match", [

@@ -37,6 +37,26 @@ RESULTS: dict[str, bool] = {}
 """Grader name -> whether its latest run in this process passed (see `passed_or_reference`)."""
 
 
+class Passed(int):
+    """What a check returns when it passes: `== True` and true in an `if`, but a notebook cell
+    that ends with the check shows nothing for it: the printed ✅ line is the verdict, with no
+    stray `True` under it (IPython asks `_ipython_display_` before showing a cell's value)."""
+
+    def __new__(cls):
+        return super().__new__(cls, 1)
+
+    def __repr__(self) -> str:
+        return "True"
+
+    __str__ = __repr__
+
+    def _ipython_display_(self) -> None:
+        """Nothing to add to the ✅ line."""
+
+
+PASSED = Passed()
+
+
 def grader(fn):
     """Make `fn` a grader: a failed check (AssertionError) is raised again as `CheckFailed`
     with the same message and no grader frames, and `RESULTS` records the verdict."""
@@ -55,7 +75,7 @@ def grader(fn):
             failed.original = e              # the full story, for whoever debugs a grader
             raise failed from None
         RESULTS[name] = True
-        return ok
+        return PASSED if ok is True else ok
 
     return run
 
@@ -155,9 +175,9 @@ class Grader:
             raise AssertionError(f"{self.what} raised {type(e).__name__}: {e}\n"
                                  f"    while {doing}") from e
 
-    def passed(self) -> bool:
+    def passed(self) -> Passed:
         print(f"✅ {self.name} passed ({self.cases} cases)")
-        return True
+        return PASSED
 
 
 def expect(ok, message: str) -> None:
