@@ -6,8 +6,8 @@ Built in one direction: the options are resolved once (resolved_config.py), then
 (its own model, the KV pool, the attention backend), then the block manager and the
 scheduler. `step()` is the diagram: the scheduler's plan (plain data, each entry checked:
 plan_check.py), its block moves, one forward for the flat batch, a token for each sampling
-sequence, the bookkeeping, and an output per request. A fault inside one request's work ends only that request
-(fault_isolation.py).
+sequence, the bookkeeping, and an output per request. A fault inside one request's work
+ends only that request (fault_isolation.py).
 """
 from __future__ import annotations
 
