@@ -208,3 +208,19 @@ class SchedulerFitsWholePrompt(SchedulerBudgetsBeforeAllocate):
 def test_check_scheduler_rejects_waiting_for_room_the_cached_prefix_does_not_need():
     rejects(checks.check_scheduler, SchedulerFitsWholePrompt,
             r"left waiting though it fits.*num_tokens_to_compute\(seq\) = \d+ does")
+
+
+def test_an_engine_stage_reports_the_engines_error_naming_the_scheduler():
+    """Plugged into the engine, the prefix-hit mistake ends requests with the engine's error; the
+    engine stage of a check says so (not only that the tokens differ)."""
+    from minillm.checks import engine_runs
+    from minillm.checks.harness import Grader
+
+    g = Grader("check_scheduler", "your schedule()")
+    engine = engine_runs.make_engine(g, "scheduler_cls=cls", scheduler_cls=SchedulerBudgetsBeforeAllocate,
+                                     num_kv_blocks=32, block_size=4, max_num_seqs=2)
+    shared = "Once upon a time, in a small village by the sea, there lived"
+    engine_runs.drive(g, engine, [shared], engine_runs.GREEDY, "scheduler_cls=cls", "stuck")   # its blocks cached
+    with pytest.raises(AssertionError, match=r"ended a request with an error instead of tokens: scheduler "
+                                             r"SchedulerBudgetsBeforeAllocate planned \d+ tokens for request"):
+        engine_runs.drive(g, engine, [shared + " a cat"], engine_runs.GREEDY, "scheduler_cls=cls", "stuck")

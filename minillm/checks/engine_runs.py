@@ -3,7 +3,8 @@ Llama with the learner's piece plugged in, compared with the reference engine's 
 the same prompts (computed once per session), and Sequences driven through a
 BlockManager the way the engine would, without a model. Engine runs go through
 `engine.step()` with a step limit, so a scheduler that never schedules fails with a
-message instead of hanging the notebook.
+message instead of hanging the notebook; a request the engine ended with an error (a plan
+the engine refused: it names the scheduler) fails with the engine's message.
 """
 from __future__ import annotations
 
@@ -49,6 +50,9 @@ def drive(g, engine, prompts, params, label: str, stuck_hint: str, max_steps: in
             f"LLMEngine({label}) did not finish {len(prompts)} short requests in {max_steps} steps "
             f"({len(s.waiting)} waiting, {len(s.running)} running, {len(s.swapped)} swapped, "
             f"{bm.num_free_blocks} of {bm.allocator.num_blocks} blocks free): {stuck_hint}")
+    failed = next((final[r] for r in ids if final[r].error is not None), None)
+    expect(failed is None, f"LLMEngine({label}) ended a request with an error instead of tokens: "
+                           f"{failed.error if failed else ''}")
     return [final[r] for r in ids]
 
 
