@@ -36,6 +36,9 @@ def grade_parser() -> argparse.ArgumentParser:
     parser.add_argument("--root", type=Path, default=None,
                         help="the checkout whose solutions/ define the lessons (default: . when it has "
                              "solutions/, else the package's own checkout)")
+    parser.add_argument("--sandbox", choices=["auto", "bwrap", "none"], default="auto",
+                        help="where student code runs (minillm/course/sandbox.py): bwrap (bubblewrap), none "
+                             "(unconfined, as your own user: a loud warning), auto (bwrap when it works here)")
     return parser
 
 

@@ -69,6 +69,9 @@ from .check_cells import check_cell_differs, prepare
 from .isolate import finish_verdicts, module_names, plan, scan, start_verdicts, student_cells
 from .report import Record, table, write_csv, write_json
 from .run_notebook import run_notebook
+from . import sandbox
+
+SANDBOX_FAILURES: list[tuple[str, str, str]] = []      # (student, lesson, how its sandbox failed)
 
 FLAT_NAME = re.compile(r"^(?P<student>.+?)__(?P<lesson>\d\d)_.*\.ipynb$")
 FOLDER_NAME = re.compile(r"^(?P<lesson>\d\d)_.*\.ipynb$")
@@ -268,7 +271,10 @@ def grade(submissions: Path, root: Path = Path("."), lessons: list[str] | None =
     extra, module, folder = load_extra_checks(extra_checks)
 
     def one(sub):
-        return grade_notebook(sub, expected[sub.lesson], timeout, extra, module, folder)
+        sandbox.failures()
+        records = grade_notebook(sub, expected[sub.lesson], timeout, extra, module, folder)
+        SANDBOX_FAILURES.extend((sub.student, sub.lesson, f) for f in dict.fromkeys(sandbox.failures()))
+        return records
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         results = list(pool.map(one, subs))
@@ -286,12 +292,19 @@ def main(args) -> int:
     t0 = time.perf_counter()
     lessons = [f"{int(x):02d}" for x in args.lessons.split(",")] if args.lessons else None
     root = args.root if args.root is not None else default_root()
+    try:
+        kind = sandbox.configure(getattr(args, "sandbox", "auto"))
+    except sandbox.SandboxError as e:
+        raise GradingError(str(e)) from None
+    if kind == "none":
+        print(sandbox.WARNING, file=sys.stderr)
     records = grade(args.submissions, root, lessons, args.timeout, args.extra_checks, args.jobs)
-    print(table(records))
+    # every sandbox is gone here: the grade files are written now, once, each atomically
+    print(sandbox.report(table(records), SANDBOX_FAILURES))
     if args.csv:
-        write_csv(records, args.csv)
+        sandbox.write_atomically(args.csv, lambda path: write_csv(records, path))
     if args.json:
-        write_json(records, args.json)
+        sandbox.write_atomically(args.json, lambda path: write_json(sandbox.marked(records), path))
     n = len({(r.student, r.lesson) for r in records})
     print(f"\ngraded {n} notebook(s) in {time.perf_counter() - t0:.0f} s")
     return 0

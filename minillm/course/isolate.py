@@ -280,7 +280,10 @@ def start_verdicts(the_plan: Plan, cells: list[dict], extra: dict | None, checks
     package_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
     with open(work / "job.json", encoding="utf-8") as stdin:
-        proc = subprocess.Popen([sys.executable, "-m", "minillm.course.verdict"], cwd=work, env=env, stdin=stdin,
+        # in a sandbox, the judge (outside it) decides, starting the student's side in sandboxes (judge.py)
+        from .sandbox import current
+        module = "minillm.course.judge" if current() != "none" else "minillm.course.verdict"
+        proc = subprocess.Popen([sys.executable, "-m", module], cwd=work, env=env, stdin=stdin,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     return proc, work, nonce
 

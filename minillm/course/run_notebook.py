@@ -19,6 +19,8 @@ from pathlib import Path
 
 import nbformat
 
+from . import sandbox
+
 
 def _descendants(pid: int) -> list[int]:
     children: dict[int, list[int]] = {}
@@ -67,8 +69,9 @@ def run_notebook(nb, timeout: float, env_path: str | None = None) -> tuple[dict[
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "nbval", "-p", "minillm_grade_record",
                "-c", str(work / "pytest.ini"), "--rootdir", str(work), "--nbval-lax", "--nbval-current-env",
                f"--nbval-cell-timeout={max(1, int(timeout))}", str(path)]
-        proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True)
+        # in the grading sandbox (sandbox.py) when one was chosen: this folder its only writable one
+        proc = sandbox.popen(cmd, cwd=work, env=env, timeout=timeout, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
         timed_out = False
         try:
             output, _ = proc.communicate(timeout=timeout)
@@ -76,6 +79,7 @@ def run_notebook(nb, timeout: float, env_path: str | None = None) -> tuple[dict[
             timed_out = True
             _kill_tree(proc)
             output = proc.stdout.read() if proc.stdout else ""
+        sandbox.finish(proc, timed_out)
         ends, running = {}, None
         if record.exists():
             for line in record.read_text(encoding="utf-8").splitlines():

@@ -1,0 +1,126 @@
+"""Plain data between the grader and the sandbox: JSON plus raw tensor bytes, never pickle.
+
+A message is an 8-byte length, a JSON header, then the tensors' bytes it names. Values:
+None, bools, ints, floats, strings, lists, tuples, dicts, bytes, tensors (dtype, shape, bytes),
+`torch.Generator`s (their state), the package's plain dataclasses (`SamplingParams`, by a
+fixed list of names), and handles to objects that stay on the other side (`{"$": "ref"}`).
+Decoding builds only those types: what comes out of a sandbox can be wrong, never code.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import struct
+
+import torch
+
+LIMIT = 256 << 20                   # the largest message read (bytes)
+DATACLASSES = {"minillm.sampling_params:SamplingParams"}
+DTYPES = {str(d).split(".")[1]: d for d in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8,
+                                            torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool)}
+
+
+_made: dict[str, object] = {}
+_fields: dict[type, list[str]] = {}
+
+
+class WireError(RuntimeError):
+    """A message that is not one (too big, cut short, an unknown type)."""
+
+
+def encode(value, blobs: list[bytes], ref=None):
+    """`value` as JSON-able data; tensors' bytes appended to `blobs`; `ref(obj)` names anything else
+    (None: anything else is an error)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value if not isinstance(value, int) or isinstance(value, bool) or abs(value) < 2 ** 63 else str(value)
+    if isinstance(value, (list, tuple)):
+        return {"$": type(value).__name__, "v": [encode(v, blobs, ref) for v in value]}
+    if isinstance(value, dict):
+        return {"$": "dict", "v": [[encode(k, blobs, ref), encode(v, blobs, ref)] for k, v in value.items()]}
+    if isinstance(value, (bytes, bytearray)):
+        blobs.append(bytes(value))
+        return {"$": "bytes", "b": len(blobs) - 1}
+    if isinstance(value, torch.Tensor) and value.dtype in DTYPES.values() and not value.is_sparse:
+        t = value.detach().to("cpu").contiguous()
+        blobs.append(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        return {"$": "tensor", "dtype": str(t.dtype).split(".")[1], "shape": list(t.shape), "b": len(blobs) - 1}
+    if isinstance(value, torch.Generator):
+        blobs.append(value.get_state().numpy().tobytes())
+        return {"$": "generator", "b": len(blobs) - 1}
+    name = f"{type(value).__module__}:{type(value).__qualname__}"
+    if name in DATACLASSES and dataclasses.is_dataclass(value):
+        fields = _fields.setdefault(type(value), [f.name for f in dataclasses.fields(value) if f.init])
+        return {"$": "data", "type": name, "v": encode({f: getattr(value, f) for f in fields}, blobs, ref)}
+    if ref is not None:
+        return {"$": "ref", "id": ref(value), "kind": type(value).__name__[:80]}
+    raise WireError(f"cannot send a {type(value).__name__} across the sandbox")
+
+
+def decode(data, blobs: list[bytes], ref=None):
+    """The value `encode` described; `ref(id)` gives the object a handle names."""
+    if data is None or isinstance(data, (bool, int, float, str)):
+        return data
+    if not isinstance(data, dict) or not isinstance(data.get("$"), str):
+        raise WireError(f"not a value: {str(data)[:80]}")
+    kind = data["$"]
+    if kind in ("list", "tuple"):
+        items = [decode(v, blobs, ref) for v in data["v"]]
+        return items if kind == "list" else tuple(items)
+    if kind == "dict":
+        return {_key(decode(k, blobs, ref)): decode(v, blobs, ref) for k, v in data["v"]}
+    if kind == "bytes":
+        return blobs[int(data["b"])]
+    if kind == "tensor":
+        dtype = DTYPES[data["dtype"]]
+        shape = [int(n) for n in data["shape"]]
+        raw = bytearray(blobs[int(data["b"])])
+        flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+        return flat.view(dtype).reshape(shape).clone()
+    if kind == "generator":
+        g = torch.Generator()
+        g.set_state(torch.frombuffer(bytearray(blobs[int(data["b"])]), dtype=torch.uint8).clone())
+        return g
+    if kind == "data" and data.get("type") in DATACLASSES:
+        key = json.dumps(data, sort_keys=True)
+        if key not in _made:                    # the same parameters come again and again: built once
+            module, name = data["type"].split(":")
+            cls = getattr(importlib.import_module(module), name)
+            _made[key] = cls(**decode(data["v"], blobs, ref))
+        return _made[key]
+    if kind == "ref" and ref is not None:
+        return ref(int(data["id"]), str(data.get("kind", "")))
+    raise WireError(f"unknown value type {kind!r}")
+
+
+def _key(k):
+    if isinstance(k, (list, dict, bytearray, torch.Tensor)):
+        raise WireError("a dict key must be a plain value")
+    return k
+
+
+def send(stream, header: dict, blobs: list[bytes]) -> None:
+    head = json.dumps({**header, "blobs": [len(b) for b in blobs]}).encode()
+    stream.write(struct.pack("<Q", len(head)) + head + b"".join(blobs))
+    stream.flush()
+
+
+def _exactly(stream, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        chunk = stream.read(n - len(out))
+        if not chunk:
+            raise WireError("the other side closed the channel")
+        out += chunk
+    return bytes(out)
+
+
+def receive(stream) -> tuple[dict, list[bytes]]:
+    (n,) = struct.unpack("<Q", _exactly(stream, 8))
+    if n > LIMIT:
+        raise WireError(f"a message of {n} bytes (at most {LIMIT})")
+    header = json.loads(_exactly(stream, n))
+    sizes = header.pop("blobs", [])
+    if not isinstance(sizes, list) or sum(int(s) for s in sizes) > LIMIT:
+        raise WireError("message too large")
+    return header, [_exactly(stream, int(s)) for s in sizes]

@@ -1,0 +1,89 @@
+"""The package as the student's code sees it while graded from outside: answers withheld.
+
+Where an exercise is graded outside the sandbox (`judge.py`), nothing inside needs its answer,
+so the copy of the package the sandbox gets has that answer's body replaced by a stub that
+raises "withheld while grading" (its signature and docstring stay, the rest of the package
+runs). A thread, a subprocess, `multiprocessing`, a fresh module copy, an `exec` of the
+package's source under a notebook label or relabelled code then reach the stub, not the answer.
+"""
+from __future__ import annotations
+
+import ast
+import atexit
+import compileall
+import hashlib
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+from .sandbox import PACKAGE_DIR
+
+STUB = 'raise NotImplementedError("{name}: withheld while grading (the package\'s answer is not available to graded code)")'
+_copies: dict[frozenset, Path] = {}
+_lock = threading.Lock()
+
+
+def _answers(graders: frozenset[str]) -> dict[str, list[str]]:
+    """module file (relative to the package) -> names (`f` or `Class.method`) to withhold."""
+    from ..checks.harness import PART_ANSWERS, REFERENCES
+    out: dict[str, list[str]] = {}
+    for grader in sorted(graders):
+        for dotted in (REFERENCES[grader],) + tuple(PART_ANSWERS.get(grader, ())):
+            module, attribute = dotted.split(":")
+            out.setdefault(module.split(".", 1)[1].replace(".", "/") + ".py", []).append(attribute)
+    return out
+
+
+def stub_out(source: str, names: list[str]) -> str:
+    """`source` with the body of each top-level function (or `Class.method`) in `names` replaced by the stub."""
+    tree = ast.parse(source)
+    lines = source.split("\n")
+    found = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found[node.name] = node
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    found[f"{node.name}.{item.name}"] = item
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise ValueError(f"cannot withhold {', '.join(missing)}: no such function in the module")
+    for node in sorted((found[n] for n in names), key=lambda n: -n.lineno):
+        body = node.body
+        keep = 1 if isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+            and isinstance(body[0].value.value, str) else 0
+        indent = " " * body[0].col_offset
+        start = body[keep].lineno - 1 if keep < len(body) else body[-1].end_lineno
+        end = body[-1].end_lineno
+        lines[start:end] = [indent + STUB.format(name=node.name)]
+    return "\n".join(lines)
+
+
+def package_without(graders: frozenset[str], under: Path | None = None) -> Path:
+    """A copy of the package (its `minillm/` folder) with the answers of `graders` withheld,
+    byte-compiled; made once per set of graders under `under` (shared by the processes of one
+    grading run, file-locked), else in a temporary folder removed when this process exits."""
+    from filelock import FileLock
+    graders = frozenset(graders)
+    key = hashlib.sha256(",".join(sorted(graders)).encode()).hexdigest()[:16]
+    with _lock:
+        if under is None:
+            if graders not in _copies:
+                _copies[graders] = Path(tempfile.mkdtemp(prefix="minillm-withheld-"))
+                atexit.register(shutil.rmtree, _copies[graders], True)
+            under = _copies[graders]
+        root = Path(under) / key / "minillm"
+        with FileLock(str(Path(under) / f"{key}.lock")):
+            if not root.is_dir():
+                building = Path(tempfile.mkdtemp(prefix=".building-", dir=under)) / "minillm"
+                shutil.copytree(PACKAGE_DIR, building, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+                for relative, names in _answers(graders).items():
+                    path = building / relative
+                    path.write_text(stub_out(path.read_text(encoding="utf-8"), names), encoding="utf-8")
+                compileall.compile_dir(str(building), quiet=1, workers=1)
+                root.parent.mkdir(parents=True, exist_ok=True)
+                building.rename(root)
+                shutil.rmtree(building.parent, ignore_errors=True)
+        return root

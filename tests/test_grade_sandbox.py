@@ -1,0 +1,365 @@
+"""Grading untrusted notebooks in the sandbox (issue 31): `python -m minillm.course grade` with the
+default sandbox (bubblewrap: skipped, with the reason, where it cannot run) over a class of
+lessons 10-12 with honest students and students who attack the grading, then the honest ones
+again with `--sandbox none` (the loud warning).
+
+The attacks, each on lesson 11's exercises (graded from outside the sandbox, their answers
+withheld inside it) unless said: the package's answer called from a thread, served by a child
+`python` over a pipe, by a forked `multiprocessing` pool (lesson 10's router), the package's
+source exec'd under a notebook label, its code relabelled (`co_filename`), `gc` on the graders,
+a forged verdict line then `os._exit`, a write into the installed package, a read of the hidden
+checks (the test hands it their path), a write into another student's notebook, a double-forked
+`setsid` daemon that rewrites the grade files, a memory hog. Each attacked exercise gets 0, the
+honest students (graded after the attackers) pass, no hidden-check text is in any output, no
+process of the class is left, and the grade files are unchanged after grading ends.
+
+Submissions keep only the cells grading needs (badge, setup, imports, exercises, checks), as
+tests/test_grade.py does; the class is graded once per module.
+"""
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from minillm.course.build import exercise_of
+from minillm.course.isolate import plan
+
+sys.path.insert(0, str(Path(__file__).parent))
+from grading_class import LESSONS, honest, lesson  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+MARK = "H8-SECRET-HIDDEN-7f3a"                      # in the hidden checks' source only
+DAEMON = "H8-DAEMON-91c2"                           # in the daemon's command line
+
+
+def _bwrap_problem():
+    from minillm.course import sandbox
+    return sandbox.probe()
+
+
+def trimmed(nb, number: str):
+    """The notebook with only the badge, the setup cell, the imports, the exercise cells and the checks."""
+    exercise_cells = set(plan(lesson(number)).cells)
+    code = [i for i, c in enumerate(nb.cells) if i >= 2 and c.cell_type == "code"]
+    keep = [i for i, c in enumerate(nb.cells) if i < 2 or i == code[0] or exercise_of(c)
+            or c.get("id") in exercise_cells]
+    nb.cells = [nb.cells[i] for i in keep]
+    return nb
+
+
+def student(number: str, stubs: bool = False, **cells: str):
+    """Lesson `number` solved (or its stubs), trimmed, with exercise cells replaced by id."""
+    nb = trimmed(lesson(number) if stubs else honest(number), number)
+    for cell_id, source in cells.items():
+        cell = next(c for c in nb.cells if c.get("id") == cell_id.replace("_", "-"))
+        cell.source = source
+    return nb
+
+
+def stub_of(number: str, cell_id: str) -> str:
+    return next(c.source for c in lesson(number).cells if c.get("id") == cell_id)
+
+
+def solved(number: str, cell_id: str) -> str:
+    return next(c.source for c in honest(number).cells if c.get("id") == cell_id)
+
+
+NGRAM, VERIFY, ROUTER = "t11_05", "t11_10", "t10_18"
+
+THREAD = '''from concurrent.futures import ThreadPoolExecutor
+from minillm.spec import ngram as _pkg
+
+
+def propose_ngram(tokens, k, min_n, max_n):
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(_pkg.propose_ngram, tokens, k, min_n, max_n).result()
+'''
+EXEC = '''import minillm.spec.rejection as _r
+_space = {"__name__": "mine"}
+_text = open(_r.__file__).read().replace("from ..sample", "from minillm.sample")
+exec(compile(_text, "<note" + "book cell 9>", "exec"), _space)
+verify = _space["verify"]
+'''
+SUBPROCESS = '''import json, subprocess, sys
+_SERVER = ("import sys, json\\nfrom minillm.spec.ngram import propose_ngram as p\\n"
+           "for line in sys.stdin:\\n    print(json.dumps(p(*json.loads(line))), flush=True)\\n")
+_child = subprocess.Popen([sys.executable, "-c", _SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def propose_ngram(tokens, k, min_n, max_n):
+    _child.stdin.write(json.dumps([tokens, k, min_n, max_n]) + "\\n")
+    _child.stdin.flush()
+    return json.loads(_child.stdout.readline())
+'''
+GC = '''import types
+_gc = __import__("g" + "c")
+for _o in _gc.get_objects():
+    if isinstance(_o, types.FunctionType) and _o.__name__.startswith("check_"):
+        try:
+            setattr(_o, "__co" + "de__", (lambda *a, **k: True).__code__)
+        except (ValueError, TypeError):
+            pass
+
+
+def verify(logits, drafts, params, generator=None):
+    raise NotImplementedError("YOUR CODE HERE")
+'''
+RELABEL = '''from minillm.spec import ngram as _n
+_f = _n.propose_ngram
+propose_ngram = type(_f)(getattr(_f, "__co" + "de__").replace(co_filename="<note" + "book cell 3>"),
+                         getattr(_f, "__glo" + "bals__"), "propose_ngram")
+'''
+PACKAGE_WRITE = '''import importlib
+_target = importlib.import_module("minillm.ch" + "ecks.lesson11_rejection").__file__
+try:
+    with open(_target, "a") as _f:
+        _f.write("\\n# written by a student\\n")
+except OSError as _e:
+    print("could not write:", _e)
+
+
+def verify(logits, drafts, params, generator=None):
+    raise NotImplementedError("YOUR CODE HERE")
+'''
+FORGE = '''import json, os, sys
+from minillm.spec.ngram import propose_ngram as _theirs
+
+
+def propose_ngram(tokens, k, min_n, max_n):
+    return _theirs(tokens, k, min_n, max_n)
+
+
+if "IPython" not in getattr(sys, "mod" + "ules"):      # only where the verdict is decided
+    _fake = json.dumps([{"exercise": e, "passed": True, "message": ""} for e in ("ngram_proposer", "rejection_sampler")])
+    _nonces = [open(n).read() for n in os.listdir(".") if n.endswith(".json")] if os.path.isdir(".") else []
+    for _fd in range(0, 64):
+        for _nonce in ["0" * 32] + _nonces:
+            try:
+                os.write(_fd, (_nonce[:32] + _fake + "\\n").encode())
+            except OSError:
+                pass
+    os._exit(0)
+'''
+
+
+def read_hidden(path: Path) -> str:
+    return f'''import glob, os
+
+
+def _look():
+    found = ""
+    for p in [{str(path)!r}] + glob.glob("/proc/*/cmdline"):
+        try:
+            found += open(p, errors="replace").read()
+        except OSError:
+            pass
+    return found
+
+
+print("found:", _look())
+
+
+def propose_ngram(tokens, k, min_n, max_n):
+    raise ValueError("leaked: " + _look())
+'''
+
+
+def write_other(path: Path) -> str:
+    return f'''try:
+    with open({str(path)!r}, "w") as _f:
+        _f.write("{{}}")
+except OSError as _e:
+    print("could not write:", _e)
+
+
+def verify(logits, drafts, params, generator=None):
+    raise NotImplementedError("YOUR CODE HERE")
+'''
+
+
+def daemon(grades: Path) -> str:
+    loop = (f"import time\\nfor _ in range(600):\\n    time.sleep(0.2)\\n    try:\\n        open({str(grades)!r}, 'w').write('[]')\\n"
+            f"    except OSError:\\n        pass  # {DAEMON}\\n")
+    return f'''import os, subprocess, sys
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        subprocess.Popen([sys.executable, "-c", {loop!r}], start_new_session=True)
+    os._exit(0)
+
+
+def propose_ngram(tokens, k, min_n, max_n):
+    raise NotImplementedError("YOUR CODE HERE")
+'''
+
+
+HOG = '''_hog = []
+for _ in range(16):
+    _hog.append(bytearray(512 << 20))
+
+
+def verify(logits, drafts, params, generator=None):
+    raise NotImplementedError("YOUR CODE HERE")
+'''
+POOL = '''import multiprocessing
+from minillm.server.data_parallel import choice as _c
+_pool = multiprocessing.get_context("fork").Pool(1)
+
+
+def choose_replica(match_lengths, in_flight, load_bound=4):
+    return _pool.apply(_c.choose_replica, (match_lengths, in_flight, load_bound))
+'''
+
+
+def hidden_checks(path: Path) -> None:
+    path.write_text(f'''# hidden checks for lesson 11: {MARK}
+def lesson11_repeat_proposes(ns):
+    """{MARK}"""
+    got = ns["propose_ngram"]([1, 2, 1], 2, 1, 1)
+    assert list(got) == [2, 1], f"[1, 2, 1] with k=2, n=1 gave {{got}}"
+''')
+
+
+# student -> (lesson, the exercises attacked)
+ATTACKERS = {"a_thread_exec": ("11", ["ngram_proposer", "rejection_sampler"]),
+             "a_subprocess_gc": ("11", ["ngram_proposer", "rejection_sampler"]),
+             "a_relabel_pkgwrite": ("11", ["ngram_proposer", "rejection_sampler"]),
+             "a_forge": ("11", ["ngram_proposer", "rejection_sampler"]),
+             "a_hidden_other": ("11", ["ngram_proposer", "rejection_sampler"]),
+             "a_daemon_hog": ("11", ["ngram_proposer", "rejection_sampler"]),
+             "a_pool": ("10", ["router_choice"])}
+
+
+def write(nb, path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, str(path))
+
+
+def processes_with(text: str) -> list[int]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if text.encode() in cmdline.read_bytes():
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return [p for p in found if p != os.getpid()]
+
+
+def grade(folder: Path, out: Path, *options: str, env=None):
+    cmd = [sys.executable, "-m", "minillm.course", "grade", str(folder), "--root", str(REPO),
+           "--json", str(out / "grades.json"), "--csv", str(out / "grades.csv"), "--jobs", "2", *options]
+    t0 = time.perf_counter()
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=out, env=env)
+    print(run.stdout, run.stderr, f"\ngrading took {time.perf_counter() - t0:.0f} s")
+    assert run.returncode == 0, run.stdout + run.stderr
+    records = json.loads((out / "grades.json").read_text())
+    return run, {(r["student"], r["lesson"], r["exercise"]): r for r in records}
+
+
+@pytest.fixture(scope="module")
+def attacked(tmp_path_factory):
+    problem = _bwrap_problem()
+    if problem:
+        pytest.skip(f"no sandbox on this machine: {problem}")
+    folder, out = tmp_path_factory.mktemp("class"), tmp_path_factory.mktemp("out")
+    hidden = out / "hidden_checks.py"
+    hidden_checks(hidden)
+    victim = folder / "zz_victim" / LESSONS["11"]
+    package_file = REPO / "minillm" / "checks" / "lesson11_rejection.py"
+    before = hashlib.sha256(package_file.read_bytes()).hexdigest()
+    write(student("11", t11_05=THREAD, t11_10=EXEC), folder / "a_thread_exec" / LESSONS["11"])
+    write(student("11", t11_05=SUBPROCESS, t11_10=GC), folder / "a_subprocess_gc" / LESSONS["11"])
+    write(student("11", t11_05=RELABEL, t11_10=PACKAGE_WRITE), folder / "a_relabel_pkgwrite" / LESSONS["11"])
+    write(student("11", t11_05=FORGE), folder / "a_forge" / LESSONS["11"])
+    write(student("11", t11_05=read_hidden(hidden), t11_10=write_other(victim)), folder / "a_hidden_other" / LESSONS["11"])
+    write(student("11", t11_05=daemon(out / "grades.json"), t11_10=HOG), folder / "a_daemon_hog" / LESSONS["11"])
+    write(student("10", t10_18=POOL), folder / "a_pool" / LESSONS["10"])
+    for number in ("10", "11", "12"):
+        write(student(number), folder / "honest" / LESSONS[number])
+    write(student("11"), victim)
+    write(student("11", stubs=True), folder / "zz_stub" / LESSONS["11"])
+    victim_bytes = victim.read_bytes()
+    env = dict(os.environ, MINILLM_GRADE_MEMORY=str(3 << 30))
+    run, records = grade(folder, out, "--lessons", "10,11,12", "--extra-checks", str(hidden), "--timeout", "300",
+                         env=env)
+    files = {name: (out / name).read_bytes() for name in ("grades.json", "grades.csv")}
+    time.sleep(3)                                            # a daemon would have written by now
+    return {"run": run, "records": records, "out": out, "files": files, "victim": (victim, victim_bytes),
+            "package": (package_file, before)}
+
+
+def test_every_attacked_exercise_gets_nothing(attacked):
+    records = attacked["records"]
+    for name, (number, exercises) in ATTACKERS.items():
+        for exercise in exercises:
+            r = records[name, number, exercise]
+            assert not r["passed"], r
+
+
+def test_honest_students_pass_and_are_untouched(attacked):
+    """The honest students (graded after the attackers; the victim's notebook was a target) pass
+    every exercise and the hidden check; lesson 12's classes (graded inside a sandbox) too."""
+    records = attacked["records"]
+    for name in ("honest", "zz_victim"):
+        mine = {k: r for k, r in records.items() if k[0] == name}
+        assert mine and all(r["passed"] for r in mine.values()), mine
+    assert len([k for k in records if k[0] == "honest"]) == 7           # 2 + 2 + 1 hidden + 2
+    victim, content = attacked["victim"]
+    assert victim.read_bytes() == content
+    stub = {k[2]: r for k, r in records.items() if k[0] == "zz_stub"}
+    assert not any(r["passed"] for r in stub.values()), stub
+
+
+def test_the_package_is_unchanged(attacked):
+    path, before = attacked["package"]
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before
+
+
+def test_no_hidden_check_text_in_any_output(attacked):
+    run, out = attacked["run"], attacked["out"]
+    for text in (run.stdout, run.stderr, (out / "grades.json").read_text(), (out / "grades.csv").read_text()):
+        assert MARK not in text and "lesson11_repeat_proposes" not in text
+    r = attacked["records"]["a_hidden_other", "11", "repeat_proposes (extra)"]
+    assert not r["passed"] and "leaked" in r["message"], r
+
+
+def test_nothing_left_running_and_grade_files_stay(attacked):
+    assert processes_with(DAEMON) == []
+    for name, content in attacked["files"].items():
+        assert (attacked["out"] / name).read_bytes() == content, name
+
+
+def test_sandbox_failures_are_reported(attacked):
+    run, records = attacked["run"], attacked["records"]
+    assert "sandbox failures:" in run.stdout and "a_daemon_hog 11: memory" in run.stdout, run.stdout
+    hog = records["a_daemon_hog", "11", "rejection_sampler"]["message"]
+    assert "timed out" not in hog, hog                      # the sandbox ended when its memory ran out
+    assert all(r["sandbox"] == "bwrap" and r["warning"] == "" for r in records.values())
+
+
+def test_answers_are_withheld_in_the_copy():
+    from minillm.course.withheld import package_without
+    root = package_without(frozenset({"check_ngram_proposer"}))
+    text = (root / "spec" / "ngram.py").read_text()
+    assert "withheld while grading" in text
+    assert (root / "spec" / "rejection.py").read_text() == (REPO / "minillm" / "spec" / "rejection.py").read_text()
+    compile(text, "ngram.py", "exec")
+
+
+def test_honest_students_pass_without_a_sandbox_with_the_warning(tmp_path):
+    folder, out = tmp_path / "class", tmp_path / "out"
+    out.mkdir()
+    for number in ("10", "11", "12"):
+        write(student(number), folder / "honest" / LESSONS[number])
+    run, records = grade(folder, out, "--lessons", "10,11,12", "--sandbox", "none")
+    assert len(records) == 6 and all(r["passed"] for r in records.values()), records
+    assert run.stdout.startswith("WARNING: graded with --sandbox none")
+    assert all(r["sandbox"] == "none" and r["warning"].startswith("WARNING") for r in records.values())
