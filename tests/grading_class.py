@@ -122,6 +122,7 @@ PLANTED = {
                         "            self.free_blocks.move_to_end(block, last=False)", "least recently freed"),
     "slot_mapping": ("03", "block_table[p // block_size] * block_size + p % block_size",
                      "block_table[p // block_size] + p % block_size", "slot"),
+    "paged_attention": ("03", "n = int(step.seq_lens[b])", "n = int(step.seq_lens[b]) - 1", "one key short"),
     "block_hash": ("04", "hashlib.sha256(parent or b\"root\")", "hashlib.sha256(b\"root\")", "parent"),
     "prefix_cache": ("04", "            if block is None:\n                break",
                      "            if block is None:\n                continue", "first miss"),

@@ -48,6 +48,7 @@ EXERCISES = [
     ("03_paged_kv", "BlockAllocator.incref", "minillm.kv.block_allocator", "BlockAllocator.incref"),
     ("03_paged_kv", "BlockAllocator.free", "minillm.kv.block_allocator", "BlockAllocator.free"),
     ("03_paged_kv", "slot_mapping", "minillm.attention.paged", "slot_mapping"),
+    ("03_paged_kv", "paged_attention", "minillm.attention.per_sequence", "paged_attention"),
     ("04_prefix_sharing", "block_hash", "minillm.kv.prefix_cache", "block_hash"),
     ("04_prefix_sharing", "PrefixCache.__init__", "minillm.kv.prefix_cache", "PrefixCache.__init__"),
     ("04_prefix_sharing", "PrefixCache.lookup", "minillm.kv.prefix_cache", "PrefixCache.lookup"),

@@ -19,6 +19,7 @@ went wrong and where to look.
 | 02     | check_contiguous_cache | minillm.kv.contiguous.ContiguousKVCache                  |
 | 03     | check_block_allocator  | minillm.kv.block_allocator.BlockAllocator                |
 | 03     | check_slot_mapping     | minillm.attention.paged.slot_mapping                     |
+| 03     | check_paged_attention  | minillm.attention.per_sequence.paged_attention           |
 | 04     | check_block_hash       | minillm.kv.prefix_cache.block_hash                       |
 | 04     | check_prefix_cache     | minillm.kv.prefix_cache.PrefixCache                      |
 | 04     | check_copy_on_write    | a BlockManager subclass overriding append_slots          |
@@ -53,6 +54,7 @@ from .lesson01_generation import check_generate_naive
 from .lesson01_sampling import check_sampler, check_top_k, check_top_p
 from .lesson02 import check_contiguous_cache
 from .lesson03 import check_block_allocator, check_slot_mapping
+from .lesson03_attention import check_paged_attention
 from .lesson04_copy_on_write import check_copy_on_write
 from .lesson04_prefix_cache import check_block_hash, check_prefix_cache
 from .lesson05 import check_scheduler
@@ -70,7 +72,8 @@ from .lesson12_choice import check_choice_constraint
 from .lesson12_masks import check_structured_outputs
 
 __all__ = ["check_rope", "check_top_k", "check_top_p", "check_sampler", "check_generate_naive",
-           "check_contiguous_cache", "check_block_allocator", "check_slot_mapping", "check_block_hash",
+           "check_contiguous_cache", "check_block_allocator", "check_slot_mapping", "check_paged_attention",
+           "check_block_hash",
            "check_prefix_cache", "check_copy_on_write", "check_scheduler", "check_preemption", "check_swap",
            "check_detokenizer", "check_request_stream",
            "check_paged_decode_kernel",

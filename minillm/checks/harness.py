@@ -90,6 +90,7 @@ REFERENCES = {
     "check_contiguous_cache": "minillm.kv.contiguous:ContiguousKVCache",
     "check_block_allocator": "minillm.kv.block_allocator:BlockAllocator",
     "check_slot_mapping": "minillm.attention.paged:slot_mapping",
+    "check_paged_attention": "minillm.attention.per_sequence:paged_attention",
     "check_block_hash": "minillm.kv.prefix_cache:block_hash",
     "check_prefix_cache": "minillm.kv.prefix_cache:PrefixCache",
     "check_copy_on_write": "minillm.kv.block_manager:BlockManager",
