@@ -7,6 +7,7 @@
     choice.py       the routing decision, one pure function: longest cached prefix within a load bound
     prefix_tree.py  what the router believes each replica has cached: a bounded, LRU prefix tree
     prompts.py      the text a request is routed by (a prompt, or chat messages as one string)
+    off_loop.py     ... read in a worker process when the body is big (a parse holds the GIL)
     router.py       the router's state: replicas up, in flight, prefix trees; round-robin, cache-aware
     replicas.py     start the replica processes, wait for them, stop them (no orphans, no logs left)
     lifeline.py     a replica ends when its front ends, even a front killed outright

@@ -64,6 +64,7 @@ def build_front_app(replicas, router: Router, *, api_key: str | None = None,
                 monitor.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await monitor
+                state["proxy"].routing_text.close()
 
     app = FastAPI(title="minillm (data parallel)", lifespan=lifespan, openapi_url=None)
     app.state.router = router

@@ -32,7 +32,8 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from ..errors import error_body
-from .prompts import TooDeep, routing_text
+from .off_loop import RoutingText
+from .prompts import TooDeep
 from .router import NoReplica
 
 log = logging.getLogger("minillm.server")
@@ -57,13 +58,14 @@ class Proxy:
     def __init__(self, replicas, router, client: httpx.AsyncClient, health, metrics):
         self.replicas, self.router, self.client = replicas, router, client
         self.health, self.metrics = health, metrics
+        self.routing_text = RoutingText()
 
     async def generate(self, request: Request) -> Response:
         """/v1/completions and /v1/chat/completions: route by the prompt, then forward."""
         body = await request.body()
         path, tried = request.url.path, set()
-        try:                    # parsing is CPU work: a worker thread
-            text = await asyncio.to_thread(routing_text, path, body)
+        try:                    # parsing is CPU work: a worker thread, or process (off_loop.py)
+            text = await self.routing_text(path, body)
         except TooDeep as e:
             return error_reply(400, f"{e}: the body is not valid for any replica", "invalid_json")
         while True:
