@@ -135,7 +135,7 @@ def build_app(engine, model_name: str, *, api_key: str | None = None,
             k_top = req.logprobs_k()
         except ValueError as e:
             raise APIError(400, str(e), "top_logprobs") from None
-        prompts = await chat_prompt(req, served.tokenizer, front.max_model_len)
+        prompts = await chat_prompt(req, served.tokenizer, front.max_model_len, served.chat)
         gen = await start(served, request, req, prompts, max_tokens, "chatcmpl")
         now = int(time.time())
         every = req.usage_in_every_chunk()

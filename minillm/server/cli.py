@@ -18,6 +18,7 @@ from .data_parallel.healing import MAX_RESTARTS
 from .data_parallel.health import REPLICA_TIMEOUT
 from .data_parallel.lifeline import exit_with_parent
 from .data_parallel.router import POLICIES
+from .chat_setup import add_chat_arguments
 from .guards import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES
 from .run import Timeouts
 
@@ -57,6 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-replica-restarts", type=int, default=MAX_RESTARTS,
                    help="times in a row the front starts a replica that exited again, with backoff (0: never)")
     p.add_argument("--exit-with-parent", action="store_true", help=argparse.SUPPRESS)   # a replica's lifeline
+    add_chat_arguments(p)
     add_engine_arguments(p)
 
 
@@ -80,16 +82,21 @@ def main(args) -> int:
     from ..engine.engine import LLMEngine
     from ..models import load_model
     from ..models.loader import DEFAULT_MODEL
+    from ..models.embedded import HUB_ID
     from .app import build_app
+    from .chat_setup import chat_settings_from_args
     from .run import serve
 
     torch.set_grad_enabled(False)
     config = engine_config_from_args(args)                   # a bad option fails here, before loading
     model, tokenizer = load_model(args.model, device=config.device, dtype=config.dtype)
+    chat = chat_settings_from_args(args, tokenizer, embedded=args.model in (None, DEFAULT_MODEL, HUB_ID))
     engine = LLMEngine(model, tokenizer, config)
+    engine.output_processor.structured.allow_additional_properties = chat.allow_additional_properties
     name = args.served_model_name or args.model or DEFAULT_MODEL
     app = build_app(engine, name, api_key=args.api_key, max_request_body_bytes=args.max_request_body_bytes,
                     max_waiting_requests=args.max_waiting_requests, body_timeout=args.body_timeout)
+    app.state.served.chat = chat
     try:
         serve(app, args.host, args.port, timeouts)
     except OSError as e:                                     # e.g. the port is taken

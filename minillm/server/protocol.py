@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any, Literal, Optional, Union
 
-from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator,
-                      model_validator)
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, StrictInt, StrictStr,
+                      field_validator, model_validator)
 
 from .structured import ResponseFormat, Tool, ToolChoice
 
@@ -185,9 +185,11 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: Optional[StrictBool] = None    # None: true unless continue_final_message
     continue_final_message: StrictBool = False
     chat_template_kwargs: Optional[dict[StrictStr, Any]] = None
+    chat_template: Optional[StrictStr] = None     # vLLM's: this request's template (--trust-request-chat-template)
     tools: Optional[list[Tool]] = None
-    tool_choice: Optional[ToolChoice] = None      # a named function or "required" (structured.py); "none"
-    parallel_tool_calls: Optional[StrictBool] = None   # one call per answer, whichever it says
+    tool_choice: Optional[ToolChoice] = None      # "auto" (the default with tools), "required", a function, "none"
+    parallel_tool_calls: Optional[StrictBool] = None   # false: at most one call in an "auto" answer
+    _chat: Any = PrivateAttr(default=None)        # the server's ChatSettings (chat_setup.bind_chat)
 
     def logprobs_k(self) -> Optional[int]:
         """How many top logprobs to return per token (None: no logprobs), as the engine counts."""

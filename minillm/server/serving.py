@@ -22,6 +22,7 @@ import uuid
 from ..outputs import RequestOutput
 from ..sampling_params import MAX_LOGIT_BIAS, SamplingParams
 from .async_engine import AsyncEngine, QueueFull, RequestStream
+from .chat_setup import ChatSettings, bind_chat
 from .errors import APIError, bad_request
 from .limits import MAX_MESSAGES, check_prompt_count, check_text_fits, off_the_loop
 from .metrics import Metrics
@@ -37,6 +38,7 @@ class Served:
         self.front, self.tokenizer, self.model_name = front, tokenizer, model_name
         self.vocab_size = vocab_size            # the model's logits width (logit_bias ids are checked on it)
         self.metrics = Metrics(front)
+        self.chat = ChatSettings()              # templates and tool calls (chat_setup.py; serve sets its flags)
 
 
 def check_options(req: SamplingFields, served: Served) -> None:
@@ -71,7 +73,8 @@ async def completion_prompts(req: CompletionRequest, tokenizer, max_model_len: i
     return prompts
 
 
-async def chat_prompt(req: ChatCompletionRequest, tokenizer, max_model_len: int) -> list[list[int]]:
+async def chat_prompt(req: ChatCompletionRequest, tokenizer, max_model_len: int,
+                      chat: ChatSettings | None = None) -> list[list[int]]:
     if len(req.messages) > MAX_MESSAGES:
         raise APIError(400, f"messages holds {len(req.messages)} entries; at most {MAX_MESSAGES}", "messages")
     check_text_fits([t for m in req.messages for t in m.texts()], tokenizer, max_model_len, "messages")
@@ -83,12 +86,13 @@ async def chat_prompt(req: ChatCompletionRequest, tokenizer, max_model_len: int)
         template_kwargs = tokenizer.check_template_kwargs(req.chat_template_kwargs or {})
     except ValueError as e:
         raise APIError(400, str(e), "chat_template_kwargs") from None
+    inputs = bind_chat(req, chat or ChatSettings())         # tools and template
     try:
         return [await off_the_loop(functools.partial(
             tokenizer.apply_chat_template, messages, req.generation_prompt(),
-            continue_final_message=req.continue_final_message, template_kwargs=template_kwargs))]
+            continue_final_message=req.continue_final_message, template_kwargs=template_kwargs, **inputs))]
     except (ValueError, TypeError) as e:
-        raise APIError(400, str(e), "messages") from None
+        raise APIError(400, str(e), "chat_template" if req.chat_template is not None else "messages") from None
 
 
 def logit_bias(req: SamplingFields, vocab_size: int | None) -> dict[int, float] | None:

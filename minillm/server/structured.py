@@ -7,9 +7,12 @@
     tools + tool_choice {"type": "function", "function": {"name": f}}  -> json: f's parameters
     tools + tool_choice "required"  -> json: {"name": one of the tools, "arguments": its parameters}
 
+    tools + tool_choice "auto" or absent  -> grammar: free text, or text then calls in the model's
+                                             own format (the --tool-call-parser's lazy grammar)
+
 A tool call's answer comes back as `message.tool_calls` (OpenAI's shape) with finish reason
-"tool_calls". tool_choice "auto" (the model decides whether to call) needs a parser for the
-model's own tool-call format, which this server does not have: it is refused, by name.
+"tool_calls". "auto" needs the model's tool-call format: a server started without
+--enable-auto-tool-choice --tool-call-parser refuses it, naming the flags (as vLLM).
 """
 from __future__ import annotations
 
@@ -68,12 +71,17 @@ def structured_spec(req) -> Optional[dict]:
     asked = [f for f in ("response_format", "structured_outputs") if getattr(req, f, None) is not None]
     if getattr(req, "response_format", None) is not None and req.response_format.type == "text":
         asked.remove("response_format")
-    called = tool_called(req)
-    if len(asked) + (called is not None) > 1:
-        names = asked + (["tool_choice"] if called is not None else [])
+    called, parser = tool_called(req), auto_tool_parser(req)
+    if len(asked) + (called is not None or parser is not None) > 1:
+        names = asked + (["tool_choice"] if called is not None or parser is not None else [])
         raise APIError(400, f"{' and '.join(names)} each constrain the output: set only one", names[-1])
     if called is not None:
         return {"json": called}
+    if parser is not None:
+        chat = req._chat
+        tools = [{"name": t.function.name, "parameters": t.function.parameters} for t in req.tools]
+        return {"grammar": parser.grammar(tools, req.parallel_tool_calls is not False,
+                                          chat.allow_additional_properties)}
     if "structured_outputs" in asked:
         return req.structured_outputs
     if "response_format" in asked:
@@ -89,7 +97,9 @@ def structured_spec(req) -> Optional[dict]:
 def constraint_field(req) -> str:
     """The request field a constraint came from (named in a 400 about it)."""
     if getattr(req, "tools", None) and getattr(req, "tool_choice", None) not in (None, "none"):
-        return "tool_choice"
+        return "tool_choice" if req.tool_choice != "auto" else "tools"
+    if getattr(req, "tools", None) and getattr(req, "tool_choice", None) is None:
+        return "tools"
     return "response_format" if getattr(req, "response_format", None) is not None else "structured_outputs"
 
 
@@ -102,11 +112,7 @@ def tool_called(req) -> Optional[dict]:
         return None
     if len(tools) > MAX_TOOLS:
         raise APIError(400, f"tools lists {len(tools)} functions; at most {MAX_TOOLS}", "tools")
-    if choice is None or choice == "auto":
-        raise APIError(400, "tool_choice 'auto' is not supported: this server has no parser for the model's own "
-                            "tool-call format; name a function ({\"type\": \"function\", \"function\": {\"name\": "
-                            "...}}) or send \"required\"", "tool_choice", "unsupported_parameter")
-    if choice == "none":
+    if choice is None or choice == "auto" or choice == "none":
         return None
     parameters = {t.function.name: t.function.parameters or {"type": "object"} for t in tools}
     if choice == "required":
@@ -116,6 +122,21 @@ def tool_called(req) -> Optional[dict]:
     if choice.function.name not in parameters:
         raise APIError(400, f"tool_choice names {choice.function.name!r}, which is not among the tools", "tool_choice")
     return parameters[choice.function.name]
+
+
+def auto_tool_parser(req):
+    """The parser that reads an "auto" answer (tools given, tool_choice "auto" or absent), or None
+    when the request is not one. A server without one refuses "auto" by the flags' names."""
+    tools, choice = getattr(req, "tools", None), getattr(req, "tool_choice", None)
+    if not tools or choice not in (None, "auto"):
+        return None
+    chat = getattr(req, "_chat", None)
+    if chat is None or chat.tool_parser is None:
+        raise APIError(400, "tool_choice \"auto\" (the default with tools) needs a server started with "
+                            "--enable-auto-tool-choice --tool-call-parser NAME (as vLLM); or name a function "
+                            "({\"type\": \"function\", \"function\": {\"name\": ...}}) or send \"required\"",
+                       "tool_choice", "unsupported_parameter")
+    return chat.tool_parser
 
 
 def tool_calls_from(req, text: str) -> Optional[list[dict]]:

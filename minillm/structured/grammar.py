@@ -20,16 +20,20 @@ from collections import OrderedDict
 
 from ..utils.validate import refuse
 from .params import StructuredOutputsParams
+from .schema import close_objects
 
 CACHE_SIZE = 256          # distinct specs kept compiled
 COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
-def grammar_text(spec: StructuredOutputsParams) -> str:
-    """The llguidance grammar for a spec (not yet checked against a tokenizer)."""
+def grammar_text(spec: StructuredOutputsParams, allow_additional_properties: bool = False) -> str:
+    """The llguidance grammar for a spec (not yet checked against a tokenizer). An object schema
+    with properties and no additionalProperties allows no other keys (schema.py) unless
+    `allow_additional_properties`."""
     from llguidance import LLMatcher
     if spec.kind in ("json", "json_object"):
         schema = spec.json if spec.kind == "json" else {"type": "object"}
+        schema = schema if allow_additional_properties else close_objects(schema)
         return LLMatcher.grammar_from_json_schema(schema, defaults=COMPACT)
     if spec.kind == "regex":
         return LLMatcher.grammar_from_regex(spec.regex)
@@ -42,8 +46,8 @@ class GrammarCache:
     """Compiled grammars by spec (kind + text), checked against the tokenizer once: a bad
     schema or regex is refused at add_request with llguidance's own message."""
 
-    def __init__(self, ll_tokenizer):
-        self.ll_tokenizer = ll_tokenizer
+    def __init__(self, ll_tokenizer, allow_additional_properties: bool = False):
+        self.ll_tokenizer, self.allow_additional_properties = ll_tokenizer, allow_additional_properties
         self.grammars: OrderedDict[tuple[str, str], str] = OrderedDict()
 
     def get(self, spec: StructuredOutputsParams) -> str:
@@ -53,7 +57,7 @@ class GrammarCache:
             self.grammars.move_to_end(key)
             return self.grammars[key]
         try:
-            grammar = grammar_text(spec)
+            grammar = grammar_text(spec, self.allow_additional_properties)
         except (ValueError, TypeError) as e:
             refuse("structured_outputs", f"the {spec.kind} spec is not valid: {e}")
         error = LLMatcher.validate_grammar(grammar, self.ll_tokenizer)

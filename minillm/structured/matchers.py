@@ -18,7 +18,11 @@ from .params import StructuredOutputsParams
 
 
 class StructuredOutputs:
-    """The engine's grammar side: compiled grammars (cached by spec) and new matchers."""
+    """The engine's grammar side: compiled grammars (cached by spec) and new matchers.
+    `allow_additional_properties`: read JSON schemas as the JSON-Schema standard does (an object
+    without additionalProperties takes any extra key), not as vLLM/OpenAI strict (schema.py)."""
+
+    allow_additional_properties = False
 
     def __init__(self, tokenizer, vocab_size: int):
         self.tokenizer, self.vocab_size = tokenizer, vocab_size
@@ -31,7 +35,8 @@ class StructuredOutputs:
             import llguidance.hf
             if self.tokenizer is None:
                 raise ValueError("structured outputs need the model's tokenizer")
-            self._cache = GrammarCache(llguidance.hf.from_tokenizer(self.tokenizer.hf, n_vocab=self.vocab_size))
+            self._cache = GrammarCache(llguidance.hf.from_tokenizer(self.tokenizer.hf, n_vocab=self.vocab_size),
+                                       self.allow_additional_properties)
         return self._cache
 
     def check(self, spec: StructuredOutputsParams | None) -> None:

@@ -44,13 +44,16 @@ class Tokenizer:
                               spaces_between_special_tokens=spaces_between_special_tokens)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, *,
-                            continue_final_message: bool = False, template_kwargs: dict | None = None) -> list[int]:
+                            continue_final_message: bool = False, template_kwargs: dict | None = None,
+                            tools: list[dict] | None = None, chat_template: str | None = None) -> list[int]:
         """Messages [{"role": ..., "content": ...}] -> the prompt token ids the model was trained on.
         An assistant message may carry "tool_calls" (its content then may be None) and a "tool"
         message answers one: both go to the template as they are, and a template that cannot
         render them is refused by name. `continue_final_message` leaves the last message open
-        (the reply continues it); `template_kwargs` are extra variables for the template."""
-        template = getattr(self.hf, "chat_template", None)
+        (the reply continues it); `template_kwargs` are extra variables for the template. `tools`
+        (OpenAI's [{"type": "function", "function": {...}}]) go to the template as `tools`;
+        `chat_template` (Jinja text) replaces the tokenizer's own."""
+        template = chat_template or getattr(self.hf, "chat_template", None)
         if not template:
             raise ValueError("this model's tokenizer has no chat template; use a plain prompt")
         check_messages(messages)
@@ -58,16 +61,16 @@ class Tokenizer:
         if add_generation_prompt and continue_final_message:
             raise ValueError("add_generation_prompt and continue_final_message cannot both be true: "
                              "the reply either starts a new assistant message or continues the last one")
-        tools = any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
+        history = any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
         if any(m.get("tool_calls") for m in messages) and "tool_calls" not in template:
             raise ValueError(f"this model's chat template never reads 'tool_calls', so it would drop them: "
                              f"{TOOLS_NEED_A_TEMPLATE}")
         try:
             text = self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
                                                continue_final_message=continue_final_message, tokenize=False,
-                                               **kwargs)
+                                               tools=tools or None, chat_template=template, **kwargs)
         except Exception as e:       # the template itself refused (jinja raises its own errors)
-            hint = f"; {TOOLS_NEED_A_TEMPLATE}" if tools else ""
+            hint = f"; {TOOLS_NEED_A_TEMPLATE}" if history else ""
             raise ValueError(f"the chat template could not render these messages: {e}{hint}") from None
         return [int(t) for t in self.hf.encode(self._valid_text(text), add_special_tokens=False)]
 
