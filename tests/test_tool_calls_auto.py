@@ -163,3 +163,34 @@ def test_bad_flags_are_startup_errors(tmp_path):
     r = subprocess.run([sys.executable, "-m", "minillm", "serve", "--model", "tiny-llama", "--chat-template", str(bad)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--chat-template" in r.stderr and "nosuchfilter" in r.stderr
+
+
+def test_request_templates_and_auto_without_the_flags():
+    """In-process on a tiny model: a server without --enable-auto-tool-choice refuses "auto" by the
+    flag's name; a trusted request template is the one rendered, and one that fails is a 400."""
+    from minillm.engine.engine import LLMEngine
+    from minillm.models.loader import load_tokenizer
+    from minillm.models.tiny import build_tiny
+    from minillm.server.app import build_app
+    from minillm.server.chat_setup import ChatSettings
+    from minillm.server.run import serve_in_thread, stop_server
+
+    tokenizer = load_tokenizer()
+    app = build_app(LLMEngine(build_tiny("tiny-llama"), tokenizer, num_kv_blocks=32, max_model_len=256), "tiny")
+    app.state.served.chat = ChatSettings(trust_request_chat_template=True)
+    srv = serve_in_thread(app)
+    try:
+        c = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+        ask = dict(model="tiny", messages=TEXT_ASK, max_tokens=2, temperature=0)
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(**ask, tools=TOOLS)
+        assert e.value.body["param"] == "tool_choice" and "--enable-auto-tool-choice" in e.value.body["message"]
+        template = "{% for m in messages %}<<{{ m.content }}>>{% endfor %}"
+        r = c.chat.completions.create(**ask, extra_body={"chat_template": template})
+        assert r.usage.prompt_tokens == len(tokenizer.encode("<<Hello! How are you?>>"))
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(**ask, extra_body={"chat_template": "{{ messages | nosuchfilter }}"})
+        assert e.value.body["param"] == "chat_template" and "nosuchfilter" in e.value.body["message"]
+        assert c.chat.completions.create(**ask).usage.completion_tokens == 2
+    finally:
+        stop_server(srv)
