@@ -126,6 +126,19 @@ def test_router_policy_needs_replicas():
     assert main(["serve", "--data-parallel-size", "0"]) == 2
 
 
+def test_a_replica_gets_the_fronts_flags():
+    from minillm.__main__ import build_parser
+    from minillm.server.data_parallel.replicas import replica_argv
+
+    args = build_parser().parse_args(["serve", "--data-parallel-size", "2", "--model", "tiny-llama", "--max-num-seqs",
+                                      "8", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"])
+    argv = replica_argv(args, 1234)
+    for flags in (["--port", "1234"], ["--model", "tiny-llama"], ["--max-num-seqs", "8"], ["--enable-auto-tool-choice"],
+                  ["--tool-call-parser", "hermes"], ["--exit-with-parent"]):
+        assert any(argv[i:i + len(flags)] == flags for i in range(len(argv))), (flags, argv)
+    assert "--data-parallel-size" not in argv
+
+
 def test_the_lifeline_ends_a_replica_whose_front_is_gone():
     script = ("import signal, sys, time\n"
               "from minillm.server.data_parallel.lifeline import exit_with_parent\n"

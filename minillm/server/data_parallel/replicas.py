@@ -29,6 +29,7 @@ import httpx
 
 from ...cli.engine_args import engine_argv
 from ...utils.ports import free_port
+from ..chat_setup import chat_argv
 from .lifeline import LOG_VARIABLE
 
 READY_TIMEOUT = 600.0          # seconds for every replica to load its model and answer /health
@@ -57,8 +58,8 @@ class Replica:
 
 
 def replica_argv(args, port: int) -> list[str]:
-    """`minillm serve` for one replica: the front's model, engine flags and server limits."""
-    argv = [sys.executable, "-m", "minillm", "serve", "--port", str(port)] + engine_argv(args)
+    """`minillm serve` for one replica: the front's model, engine and chat flags, server limits."""
+    argv = [sys.executable, "-m", "minillm", "serve", "--port", str(port)] + engine_argv(args) + chat_argv(args)
     if args.model:
         argv += ["--model", args.model]
     if args.served_model_name:
