@@ -190,8 +190,8 @@ class AsyncEngine:
                     log.exception("the engine loop failed; failing every request in flight")
                     self._fail_all(e)
         except BaseException as e:              # the loop is gone: nothing will serve a request again
-            self._give_up(f"the engine loop died: {e!r}")
-            raise
+            self._give_up(f"the engine loop died: {e!r}", traceback=True)
+            return
         self._fail_all(APIError(503, "the server is shutting down", code="server_shutdown"))
         self.engine.shutdown()
 
@@ -214,13 +214,14 @@ class AsyncEngine:
         self._take_snapshot()
         log.warning("the tensor-parallel group serves again (restart %d, %d attempt(s))", self.restarts, attempts)
 
-    def _give_up(self, reason: str) -> None:
+    def _give_up(self, reason: str, traceback: bool = False) -> None:
         """The engine can never serve again: say why once, loudly, end every request, and let
         the server exit non-zero (on_fatal) rather than answer every request with an error."""
         if self.fatal:
             return
         self.failure, self.fatal, self._running = reason, True, False
-        log.error("the engine cannot serve and cannot be restarted: %s; the server stops (exit code 1)", reason)
+        log.error("the engine cannot serve and cannot be restarted: %s; the server stops (exit code 1)", reason,
+                  exc_info=traceback)
         try:
             self._fail_all(APIError(503, f"the engine stopped: {reason}", code="engine_dead"))
         finally:
