@@ -1,4 +1,4 @@
-"""python -m minillm.course {build,check,strip} [--root DIR] | grade SUBMISSIONS [options]"""
+"""python -m minillm.course {build,check,strip} [--root DIR] | grade SUBMISSIONS [options] | self-check NOTEBOOK"""
 from __future__ import annotations
 
 import argparse
@@ -42,8 +42,34 @@ def grade_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def self_check_parser() -> argparse.ArgumentParser:
+    from . import self_check
+    parser = argparse.ArgumentParser(prog="python -m minillm.course self-check",
+                                     description=self_check.__doc__.split("\n\n")[0],
+                                     epilog=self_check.__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("notebook", type=Path, help="your lesson notebook, e.g. lessons/03_paged_kv.ipynb")
+    parser.add_argument("--lesson", help="the lesson's number, when the file's name does not start with it")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds for the notebook (default 600, as grade)")
+    parser.add_argument("--json", type=Path, help='write [{"student", "lesson", "exercise", "passed", "message"}]')
+    parser.add_argument("--root", type=Path, default=None,
+                        help="the checkout whose solutions/ define the lessons (default: as grade)")
+    parser.add_argument("--sandbox", choices=["auto", "bwrap", "none"], default="auto",
+                        help="where the notebook runs, as grade's --sandbox (default auto)")
+    return parser
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["self-check"]:
+        from .grade import GradingError
+        from .self_check import main as self_check_main
+        args = self_check_parser().parse_args(argv[1:])
+        try:
+            return self_check_main(args)
+        except (GradingError, MarkerError, FileNotFoundError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     if argv[:1] == ["grade"]:
         from .grade import GradingError, main as grade_main
         args = grade_parser().parse_args(argv[1:])
@@ -53,10 +79,11 @@ def main(argv=None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
     parser = argparse.ArgumentParser(prog="python -m minillm.course", description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["build", "check", "strip", "grade"],
+    parser.add_argument("command", choices=["build", "check", "strip", "grade", "self-check"],
                         help="build: write lessons/ from solutions/; check: exit 1 if they are out of "
                              "sync or a solution has outputs; strip: clear outputs from solutions/; "
-                             "grade SUBMISSIONS: grade a class (grade --help)")
+                             "grade SUBMISSIONS: grade a class (grade --help); self-check NOTEBOOK: "
+                             "your notebook's verdicts, as grade gives them (self-check --help)")
     parser.add_argument("--root", type=Path, default=Path("."),
                         help="the repository root holding solutions/ and lessons/ (default: .)")
     args = parser.parse_args(argv)
