@@ -31,6 +31,7 @@ from .body_parsing import BodyParser, ParseBigBodiesOffTheLoop
 from .errors import APIError, error_body, install_error_handlers
 from .guards import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES, Guards
 from .health import install_health_routes
+from . import vllm_surface
 from .openapi import STREAMED, errors, install_truthful_openapi
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .responses import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse,
@@ -166,6 +167,7 @@ def build_app(engine, model_name: str, *, api_key: str | None = None,
         return ChatCompletionResponse(id=gen.id, created=now, model=model_name, choices=choices, usage=gen.usage(),
                                       prompt_logprobs=prompt_logprobs_json(out.prompt_logprobs))
 
+    vllm_surface.install(app, served, created)      # /tokenize, /v1/responses, vllm:* metrics, ...
     return app
 
 
