@@ -89,3 +89,25 @@ def test_objects_without_additional_properties_are_closed(ll_tokenizer):
     assert not accepts(ll_tokenizer, grammar_text(spec), extra)
     assert accepts(ll_tokenizer, grammar_text(spec), '{"a": {"b": 1}}')
     assert accepts(ll_tokenizer, grammar_text(spec, allow_additional_properties=True), extra)
+
+
+def test_a_streamed_auto_answer_sends_text_then_whole_calls():
+    """Text goes out as content except what may be the trigger's start; each call goes out whole
+    (index, id, name, arguments) once closed; the finish reason says tool_calls."""
+    from minillm.server.chat_setup import ChatSettings
+    from minillm.server.protocol import ChatCompletionRequest
+    from minillm.server.tool_calls import ToolCallStream
+
+    req = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], tools=[
+        {"type": "function", "function": {"name": t["name"], "parameters": t["parameters"]}} for t in TOOLS])
+    req._chat = ChatSettings(tool_parser=get_tool_parser("hermes"))
+    stream = ToolCallStream(req)
+    pieces = ["Let me ", "check.\n<tool", '_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_',
+              'call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>']
+    deltas = [stream.delta(0, p, "stop" if i == len(pieces) - 1 else None) for i, p in enumerate(pieces)]
+    assert [d.content for d in deltas] == ["Let me", " check.", None, None]      # spaces wait for what follows
+    calls = [(c.index, c.function.name, json.loads(c.function.arguments)) for d in deltas for c in d.tool_calls or []]
+    assert calls == [(0, *PARIS), (1, *NOW)] and deltas[3].tool_calls[0].id.startswith("call_")
+    assert stream.finish_reason("stop") == "tool_calls"
+    text = ToolCallStream(req)
+    assert text.delta(0, "Fine, thanks.", "stop").content == "Fine, thanks." and text.finish_reason("stop") == "stop"

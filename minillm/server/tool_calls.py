@@ -6,7 +6,8 @@ first delta of a named call opens it (id, name) and the following ones carry pie
 
 "auto" (tools with tool_choice "auto" or absent): the answer is text, or text then calls in the
 model's own format, which the server's tool parser reads (tool_parsers/). Streamed, text goes
-out as content until the parser's trigger could be starting (a possible start is held back);
+out as content until the parser's trigger could be starting (a possible start, and the spaces
+before it, are held back);
 after the trigger, each call goes out whole (index, id, name, arguments) once it is complete.
 An answer whose calls do not parse (max_tokens ran out inside one) is all content.
 """
@@ -72,8 +73,10 @@ class ToolCallStream:
     def auto_delta(self, k: int, text: str, finish: str | None) -> Delta:
         answer = self.buffered[k] = self.buffered.get(k, "") + text
         sent, start = self.content_sent.get(k, 0), self.parser.calls_start(answer)
-        if start is None:                                # text so far: all of it but a possible trigger
-            upto = len(answer) if finish else len(answer) - self.parser.held_back(answer)
+        if start is None:                                # text so far: all but a possible trigger and the
+            upto = len(answer) if finish else len(answer) - self.parser.held_back(answer)    # spaces before it
+            while not finish and upto > sent and answer[upto - 1].isspace():
+                upto -= 1
             calls = []
         elif finish:
             content, calls = self.parser.parse(answer)
