@@ -177,10 +177,14 @@ class EngineConfig(Validated):
                                                    "(minillm/spec/config.py lists the keys)")
     tensor_parallel_size: int = option(1, "ranks the model's layers are sharded over, one process each "
                                           "(gloo on CPU, NCCL on CUDA; minillm/distributed/)")
+    enable_lora: bool = option(False, "serve LoRA adapters (peft's format) beside the base model, per request "
+                                      "(minillm/lora/)")
+    max_loras: int = option(1, "with enable_lora: adapters in the model's slots at once (others wait in host memory)")
+    max_lora_rank: int = option(16, "with enable_lora: the highest adapter rank served (the slots' size)")
 
     def validate(self) -> None:
         name = "EngineConfig"
-        for field_name in ("block_size", "max_num_seqs", "tensor_parallel_size"):
+        for field_name in ("block_size", "max_num_seqs", "tensor_parallel_size", "max_loras", "max_lora_rank"):
             check_int(name, field_name, getattr(self, field_name), minimum=1)
         for field_name in ("num_kv_blocks", "kv_cache_memory_bytes", "max_num_batched_tokens",
                            "max_model_len", "swap_space"):
@@ -188,6 +192,7 @@ class EngineConfig(Validated):
         for field_name in ("enable_prefix_caching", "enable_chunked_prefill"):
             check_bool(name, field_name, getattr(self, field_name))
         check_bool(name, "compile", self.compile)
+        check_bool(name, "enable_lora", self.enable_lora)
         check_bool(name, "enforce_eager", self.enforce_eager)
         check_choice(name, "scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
         check_choice(name, "preemption_mode", self.preemption_mode, PREEMPTION_MODES)

@@ -42,7 +42,7 @@ class LLM:
         self._lock = threading.RLock()     # one call at a time: the engine is not thread-safe
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 priority: list[int] | None = None, use_tqdm: bool = True) -> list[RequestOutput]:
+                 priority: list[int] | None = None, use_tqdm: bool = True, lora_request=None) -> list[RequestOutput]:
         """Prompts: a string, a list of strings, or vLLM-style {"prompt_token_ids": [...]} dicts.
         One RequestOutput per prompt, in order. Calls from several threads run one after
         another. A request that a fault ended comes back with finish_reason "error" and the
@@ -64,7 +64,7 @@ class LLM:
                 bar.set_postfix_str(f"output {generated[0] / max(bar.format_dict['elapsed'], 1e-9):.1f} tok/s")
         try:
             with self._lock:
-                return self.llm_engine.generate(prompts, sampling_params, priority, on_finish)
+                return self.llm_engine.generate(prompts, sampling_params, priority, on_finish, lora_request)
         finally:
             if bar is not None:
                 bar.close()

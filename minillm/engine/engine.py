@@ -19,6 +19,7 @@ from ..config import EngineConfig
 from ..kv.block_allocator import BlockAllocator
 from ..kv.block_manager import BlockManager
 from ..kv.prefix_cache import PrefixCache
+from ..lora.manager import attach_lora, register_lora
 from ..outputs import RequestOutput
 from ..distributed.executor import build_runner
 from ..sample.sampler import sample
@@ -58,6 +59,7 @@ class LLMEngine:
                                                config.enable_prefix_caching, num_cpu_blocks=resolved.num_swap_blocks,
                                                allocator_cls=allocator_cls, prefix_cache_cls=prefix_cache_cls)
         self.scheduler = scheduler_cls(self.block_manager, resolved.scheduler_config(config))
+        self.lora = attach_lora(self.runner, self.scheduler, config) if config.enable_lora else None
         self.tokenizer = tokenizer
         eos = tokenizer.eos_token_ids if tokenizer is not None else set(model.config.eos_token_ids)
         self.output_processor = OutputProcessor(tokenizer, eos, resolved.device, resolved.vocab_size,
@@ -77,9 +79,9 @@ class LLMEngine:
     last_plan = property(lambda self: self._last_plan, doc="the latest step's plan (lessons draw it)")
 
     def add_request(self, request_id: str, prompt, params: SamplingParams | None = None,
-                    priority: int = 0) -> None:
-        """Queue a prompt (text or token ids). Refuses, with a ValueError or TypeError naming
-        the field, what is malformed or can never run; nothing is queued then."""
+                    priority: int = 0, lora_request=None) -> None:
+        """Queue a prompt (text or token ids), under a LoRA adapter if `lora_request` names one. Refuses,
+        with a ValueError or TypeError naming the field, what is malformed or can never run; nothing is queued then."""
         params = params if params is not None else SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -87,15 +89,17 @@ class LLMEngine:
         ids = check_request(request_id, prompt, params, priority, self.tokenizer, vocab_size=r.vocab_size,
                             max_model_len=r.max_model_len, max_num_seqs=self.config.max_num_seqs)
         self.output_processor.structured.check(params.structured_outputs)      # a bad grammar: refused here
+        register_lora(self.lora, lora_request)                                 # a bad adapter: refused here
         req = Request(request_id, prompt if isinstance(prompt, str) else None, ids, params,
-                      priority, time.monotonic())
+                      priority, time.monotonic(), lora_request)
         req.seqs.append(self._new_sequence(req, index=0))
         self.requests[request_id] = req
         self.scheduler.add(req.seqs[0])
 
     def _new_sequence(self, req: Request, index: int) -> Sequence:
         seq = Sequence(seq_id=next(self._seq_ids), request_id=req.request_id, prompt_token_ids=req.prompt_ids,
-                       params=req.params, index=index, priority=req.priority, arrival=req.metrics.arrival_time)
+                       params=req.params, index=index, priority=req.priority, arrival=req.metrics.arrival_time,
+                       lora_request=req.lora_request)
         self.output_processor.add(seq)
         return seq
 
@@ -146,21 +150,22 @@ class LLMEngine:
         return engine_stats(self)
 
     def generate(self, prompts: list, params: SamplingParams | list[SamplingParams] | None = None,
-                 priority: list[int] | None = None, on_finish=None) -> list[RequestOutput]:
+                 priority: list[int] | None = None, on_finish=None, lora_request=None) -> list[RequestOutput]:
         """Run prompts to completion; outputs in prompt order. `on_finish(output)` is
         called as each request ends (progress bars hook in here). Requests added by
         others with add_request keep running alongside; their outputs wait for step()."""
         if not isinstance(prompts, (list, tuple)):
             raise TypeError(f"prompts must be a list, got {type(prompts).__name__}")
         params_list = params if isinstance(params, list) else [params] * len(prompts)
-        if len(params_list) != len(prompts) or (priority is not None and len(priority) != len(prompts)):
-            raise ValueError("sampling params and priorities must be one, or one per prompt")
+        loras = lora_request if isinstance(lora_request, list) else [lora_request] * len(prompts)
+        if any(len(x) != len(prompts) for x in (params_list, loras, prompts if priority is None else priority)):
+            raise ValueError("sampling params, priorities and lora requests must be one, or one per prompt")
         ids = [self._unused_request_id() for _ in prompts]      # never one the caller uses
         own, added = set(ids), []
         final: dict[str, RequestOutput] = {}
         try:
             for i, (rid, prompt, p) in enumerate(zip(ids, prompts, params_list)):
-                self.add_request(rid, prompt, p, priority[i] if priority else 0)
+                self.add_request(rid, prompt, p, priority[i] if priority else 0, loras[i])
                 added.append(rid)
             idle = 0
             while len(final) < len(ids):

@@ -16,12 +16,13 @@ from ..utils.validate import is_int, refuse
 
 
 class Request:
-    def __init__(self, request_id, prompt, prompt_ids, params, priority, arrival):
+    def __init__(self, request_id, prompt, prompt_ids, params, priority, arrival, lora_request=None):
         self.request_id, self.prompt, self.prompt_ids = request_id, prompt, prompt_ids
         self.params, self.priority = params, priority
         self.seqs: list[Sequence] = []
         self.metrics = RequestMetrics(arrival_time=arrival)
         self.error: str | None = None      # set when a fault ended the request
+        self.lora_request = lora_request   # its LoRA adapter (lesson 13), None: the base model
 
     @property
     def finished(self) -> bool:

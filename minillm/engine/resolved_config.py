@@ -14,6 +14,7 @@ from ..attention import auto_backend
 from ..config import DEFAULT_CHUNKED_BUDGET, EngineConfig, SchedulerConfig
 from ..models.loader import resolve_dtype
 from ..utils import cdiv
+from ..lora.manager import refuse_lora_combinations
 
 DEFAULT_CPU_KV_BYTES = 1 << 30          # the pool on CPU when nothing is asked for
 DEFAULT_CUDA_KV_FRACTION = 0.4          # of the GPU's free memory
@@ -50,6 +51,8 @@ def bytes_per_kv_block(model_config, block_size: int, dtype: torch.dtype) -> int
 
 def resolve_config(config: EngineConfig, model) -> ResolvedConfig:
     """Resolve `config` for `model` (a ValueError with the fix for what cannot be held)."""
+    if config.enable_lora:
+        refuse_lora_combinations(config)
     reasons = {}
     device = torch.device(config.device) if config.device is not None else model.device
     reasons["device"] = "asked for" if config.device is not None else "the model's own"

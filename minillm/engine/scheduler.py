@@ -235,7 +235,9 @@ class Scheduler(ContinuousBatchingScheduler):
 
     def _next_candidate(self) -> Sequence | None:
         heads = [q[0] for q in (self.swapped, self.waiting) if q]
-        return min(heads, key=self.rank) if heads else None
+        best = min(heads, key=self.rank) if heads else None
+        gate = getattr(self, "lora_gate", None)          # enable_lora: its adapter needs a slot (lora/slots.py)
+        return None if best is None or (gate is not None and not gate(best, self.running)) else best
 
     def _make_room_for_priority(self, out: SchedulerOutput) -> None:
         """A waiting request that outranks running work takes that work's place: its

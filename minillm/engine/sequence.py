@@ -42,6 +42,7 @@ class Sequence:
     priority: int = 0
     arrival: float = 0.0
     spec_token_ids: list[int] = field(default_factory=list)   # this step's drafts (speculative decoding)
+    lora_request: object = None                     # its LoRA adapter (lora/request.py), None: the base model
 
     @property
     def token_ids(self) -> list[int]:

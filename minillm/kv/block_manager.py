@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from ..utils import cdiv
 from .block_allocator import BlockAllocator
-from .prefix_cache import PrefixCache, block_hash
+from .prefix_cache import PrefixCache, block_hash, chain_root
 
 
 @dataclass
@@ -47,8 +47,8 @@ class BlockManager:
         return self.allocator.num_free
 
     # -- new sequences ---------------------------------------------------------------
-    def _prompt_hashes(self, token_ids: list[int]) -> list[bytes]:
-        hashes, parent = [], None
+    def _prompt_hashes(self, token_ids: list[int], root: bytes | None = None) -> list[bytes]:
+        hashes, parent = [], root
         for i in range(len(token_ids) // self.block_size):
             parent = block_hash(parent, token_ids[i * self.block_size:(i + 1) * self.block_size])
             hashes.append(parent)
@@ -60,7 +60,7 @@ class BlockManager:
         must run the model on something, so a fully cached prompt drops its last block.
         A request for prompt logprobs reuses nothing: the logits of the cached positions were
         never kept, so its prompt is recomputed (it still fills the cache for others)."""
-        hashes = self._prompt_hashes(seq.token_ids)
+        hashes = self._prompt_hashes(seq.token_ids, chain_root(seq))
         if self.prefix_cache is None or seq.params.prompt_logprobs is not None:
             return hashes, []
         cached = self.prefix_cache.lookup(hashes)
@@ -140,7 +140,7 @@ class BlockManager:
         tokens = seq.token_ids
         while len(seq.block_hashes) < full:
             i = len(seq.block_hashes)
-            parent = seq.block_hashes[-1] if seq.block_hashes else None
+            parent = seq.block_hashes[-1] if seq.block_hashes else chain_root(seq)
             h = block_hash(parent, tokens[i * self.block_size:(i + 1) * self.block_size])
             seq.block_hashes.append(h)
             if self.prefix_cache is not None:

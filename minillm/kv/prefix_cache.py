@@ -23,6 +23,14 @@ def block_hash(parent: bytes | None, token_ids: list[int]) -> bytes:
     return h.digest()
 
 
+def chain_root(seq) -> bytes | None:
+    """The parent of a sequence's first block: None for the base model, else a hash of its LoRA
+    adapter (lesson 13), so a prefix cached under one adapter is never reused under another or
+    the base model: same tokens, other weights, other K/V."""
+    lora = getattr(seq, "lora_request", None)
+    return None if lora is None else hashlib.sha256(lora.cache_salt).digest()
+
+
 class PrefixCache:
     def __init__(self):
         self.block_of: dict[bytes, int] = {}      # prefix hash -> block id

@@ -51,6 +51,7 @@ class ModelRunner:
         self.static_step, self.run_decode = None, None       # the fast decode road, when on
         self.num_draft_layers = self_draft_layers(model, config)     # speculation by the model's first layers
         self.draft_model = draft_model                               # or by a smaller model (spec/draft_model.py)
+        self.lora = None                                             # enable_lora: lora/manager.py sets it
         if config is not None:
             self.static_step, self.run_decode = make_fast_decode(model, kv_cache, config, max_model_len)
 
@@ -104,6 +105,8 @@ class ModelRunner:
                                [n for _, n in scheduled], self.kv_cache.block_size, device,
                                self.slot_mapping_fn, self.block_tables.padded(seqs))
         self.kv_cache.set_step(step)
+        if self.lora is not None:                     # each row's adapter slot (lora/manager.py)
+            self.lora.set_step(scheduled)
         hidden = self.model(torch.tensor(input_ids, device=device), step.positions, self.kv_cache)
         prompt_logprobs = [p for p in (self.score_prompt(hidden, *s) for s in scored) if p is not None]
         drafts = {seq.seq_id: (seq, self.model.compute_logits(hidden[first:first + len(seq.spec_token_ids) + 1]))
@@ -149,7 +152,7 @@ def make_fast_decode(model, kv_cache: PagedKVCache, config, max_model_len: int):
     """(the StaticDecodeStep, run(seqs) -> logits) for the road the config asks for, or
     (None, None): decode stays eager."""
     graphs = kv_cache.device.type == "cuda" and not config.enforce_eager and capture_safe(kv_cache.backend)
-    if not (config.compile or graphs):
+    if not (config.compile or graphs) or getattr(config, "enable_lora", False):   # LoRA rows: eager (lora/)
         return None, None
     step = StaticDecodeStep(model, kv_cache, config.max_num_seqs, max_model_len)
     fast = step
