@@ -111,3 +111,27 @@ def test_a_streamed_auto_answer_sends_text_then_whole_calls():
     assert stream.finish_reason("stop") == "tool_calls"
     text = ToolCallStream(req)
     assert text.delta(0, "Fine, thanks.", "stop").content == "Fine, thanks." and text.finish_reason("stop") == "stop"
+
+
+def test_a_special_token_trigger_is_named_by_id(ll_tokenizer):
+    """Mistral's [TOOL_CALLS] is one special token in its tokenizer: the grammar takes that token
+    (not the text spelled out), and free text before it still passes."""
+    import copy
+
+    import llguidance.hf
+    from llguidance import LLMatcher
+
+    hf = copy.deepcopy(ll_tokenizer[0].hf)
+    hf.add_special_tokens({"additional_special_tokens": ["[TOOL_CALLS]"]})
+    parser = get_tool_parser("mistral").bind_tokenizer(hf)
+    assert parser.trigger_token == hf.convert_tokens_to_ids("[TOOL_CALLS]")
+    assert get_tool_parser("mistral").bind_tokenizer(ll_tokenizer[0]).trigger_token is None     # text there
+    ll = llguidance.hf.from_tokenizer(hf, n_vocab=len(hf))
+    grammar = parser.grammar(TOOLS, parallel=True)
+    call = hf.encode('[{"name": "get_time", "arguments": {}}]', add_special_tokens=False)
+    for ids in ([parser.trigger_token] + call, hf.encode("Sure. ", add_special_tokens=False) + [parser.trigger_token] + call):
+        m = LLMatcher(ll, grammar)
+        assert all(m.consume_token(t) for t in ids) and m.is_accepting()
+    m = LLMatcher(ll, grammar)                   # a call whose arguments break the schema, after the token
+    bad = hf.encode('[{"name": "get_weather", "arguments": {"town": "Paris"}}]', add_special_tokens=False)
+    assert not all(m.consume_token(t) for t in [parser.trigger_token] + bad)

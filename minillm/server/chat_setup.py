@@ -93,7 +93,8 @@ def chat_settings_from_args(args, tokenizer, embedded: bool) -> ChatSettings:
         EMBEDDED_TOOLS_TEMPLATE.read_text() if embedded else None)
     if args.chat_template is not None:
         check_template(tokenizer, template)
-    return ChatSettings(tool_parser=get_tool_parser(parser_name) if auto else None, chat_template=template,
+    parser = get_tool_parser(parser_name).bind_tokenizer(tokenizer) if auto else None
+    return ChatSettings(tool_parser=parser, chat_template=template,
                         trust_request_chat_template=args.trust_request_chat_template,
                         allow_additional_properties=args.structured_outputs_allow_additional_properties)
 
@@ -131,6 +132,6 @@ def bind_chat(req, chat: ChatSettings) -> dict:
     (Mistral's [TOOL_CALLS]) keeps them in the text, as vLLM does."""
     req._chat = chat
     tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
-    if tools and req.tool_choice in (None, "auto") and getattr(chat.tool_parser, "keeps_special_tokens", False):
+    if tools and req.tool_choice in (None, "auto") and getattr(chat.tool_parser, "trigger_token", None) is not None:
         req.skip_special_tokens = False
     return {"tools": tools, "chat_template": chat.template_for(req)}

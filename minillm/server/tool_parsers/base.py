@@ -33,6 +33,17 @@ class ToolParser:
     name = ""
     trigger = ""                 # the text that opens the calls
     arguments_key = "arguments"  # the key the family writes a call's arguments under
+    trigger_token: int | None = None     # the trigger's id where the tokenizer has it as one special token
+
+    def bind_tokenizer(self, tokenizer) -> "ToolParser":
+        """Look the trigger up in the model's tokenizer: a special token (Mistral's [TOOL_CALLS])
+        is not text, so the grammar names it by id and the answer's text must keep it."""
+        hf = getattr(tokenizer, "hf", tokenizer)
+        ids = hf.convert_tokens_to_ids([self.trigger]) if self.trigger else []
+        if ids and ids[0] is not None and ids[0] != hf.unk_token_id and ids[0] in set(hf.all_special_ids) | {
+                i for i, t in getattr(hf, "added_tokens_decoder", {}).items() if t.special}:
+            self.trigger_token = int(ids[0])
+        return self
 
     # ---- reading an answer -------------------------------------------------------------
     def parse(self, text: str) -> tuple[str | None, list[Call]]:
@@ -74,11 +85,13 @@ class ToolParser:
         return f"{self.rules(parallel)}\n{self.text_rules()}\ncall: %json {json.dumps(schema)}"
 
     def rules(self, parallel: bool) -> str:
-        """The start rule: TEXT, or PRE (text ending with the trigger) then the calls."""
+        """The start rule: TEXT, or `pre` (text, then the trigger) then the calls."""
         raise NotImplementedError
 
     def text_rules(self) -> str:
-        return free_text_rules(self.trigger)
+        if self.trigger_token is not None:            # a special token: never inside text, named by id
+            return f"TEXT: /(?s:.+)/\npre: TEXT? <[{self.trigger_token}]>"
+        return free_text_rules(self.trigger) + "\npre: PRE"
 
 
 def call_schema(tools: list[dict], arguments_key: str, allow_additional_properties: bool = False) -> dict:

@@ -35,7 +35,7 @@ class HermesToolParser(ToolParser):
 
     def rules(self, parallel: bool) -> str:
         more = ' ("\\n<tool_call>" closed)*' if parallel else ""
-        return f'start: TEXT | PRE closed{more}\nclosed: "\\n" call "\\n</tool_call>"'
+        return f'start: TEXT | pre closed{more}\nclosed: "\\n" call "\\n</tool_call>"'
 
 
 def _json(text: str):

@@ -5,8 +5,9 @@ its name then [ARGS] then the arguments' JSON:
     [TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]
     [TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}
 
-[TOOL_CALLS] is a special token in Mistral's tokenizers: the server keeps special tokens in the
-text of a request this parser reads (as vLLM does), or the trigger would be dropped.
+[TOOL_CALLS] is a special token in Mistral's tokenizers: the grammar names it by id and the server
+keeps special tokens in the text of an "auto" answer (as vLLM does), or the trigger would be
+dropped (base.py's bind_tokenizer). The grammar writes the list form, which both read.
 """
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ NAMED = re.compile(r"([a-zA-Z0-9_-]{1,64})\[ARGS\]")
 class MistralToolParser(ToolParser):
     name = "mistral"
     trigger = "[TOOL_CALLS]"
-    keeps_special_tokens = True
 
     def parse_calls(self, calls_text: str) -> list[Call]:
         body = calls_text[len(self.trigger):].strip()
@@ -38,7 +38,7 @@ class MistralToolParser(ToolParser):
 
     def rules(self, parallel: bool) -> str:
         more = ' (", " call)*' if parallel else ""
-        return f'start: TEXT | PRE "[" call{more} "]"'
+        return f'start: TEXT | pre "[" call{more} "]"'
 
 
 def _named_calls(text: str):
