@@ -36,7 +36,7 @@ def make_adapter(hf_base, folder, targets, r, alpha, rslora, seed):
 
 
 @pytest.fixture(scope="module")
-def tiny():
+def tiny():                     # the tiny Llama only (conftest's `tiny` runs three architectures)
     return tiny_model()
 
 
@@ -114,6 +114,12 @@ def test_cache_isolation_and_slot_starvation(tiny, adapters):
     jobs = [(p, lora) for p in PROMPTS[:2] for lora in [*loras.values(), None]]
     check_against_peft(adapters, jobs, run(llm, jobs))
     assert llm.llm_engine.lora.slots.num_evictions >= 2
+    # n > 1: the forked samples run under their parent's adapter
+    prompt, lora = PROMPTS[1], loras["all"]
+    out = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(n=2, temperature=0.0, max_tokens=MAX_TOKENS,
+                       ignore_eos=True), use_tqdm=False, lora_request=lora)[0]
+    want = reference_tokens(adapters["all"][1], prompt)
+    assert [list(o.token_ids) for o in out.outputs] == [want, want]
 
 
 def test_batched_delta_two_ways_agree():
@@ -184,3 +190,31 @@ def test_unsupported_combinations_are_refused_by_name(tiny):
                           (dict(speculative_config={"method": "self_draft", "num_speculative_tokens": 2}), "self_draft")]:
         with pytest.raises(ValueError, match=f"enable_lora=True with .*{name}"):
             LLM(model, tokenizer=tok, enable_lora=True, num_kv_blocks=64, **options)
+
+
+@pytest.mark.slow
+def test_smollm2_mixed_batch_matches_peft(smol, tmp_path):
+    """The embedded SmolLM2-135M with two adapters (attention only, rank 8; every linear, rank 4,
+    rsLoRA) and the base in one batch: each request's greedy tokens are transformers + peft's."""
+    model, tok, _ = smol
+    specs = [("attn", ["q_proj", "k_proj", "v_proj", "o_proj"], 8, 16, False),
+             ("every", ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], 4, 8, True)]
+    loras = {}
+    for i, (name, targets, r, alpha, rslora) in enumerate(specs):
+        make_adapter(transformers_twin(model), tmp_path / name, targets, r, alpha, rslora, seed=10 + i)
+        loras[name] = LoRARequest(name, i + 1, str(tmp_path / name))
+    prompts = [tok.encode("The capital of France is"), tok.encode("def fibonacci(n):")]
+    jobs = [(p, lora) for p in prompts for lora in [None, *loras.values()]]
+    llm = LLM(model, tokenizer=tok, enable_lora=True, max_loras=2, max_lora_rank=8, num_kv_blocks=64)
+    outs = run(llm, jobs)
+    hf = peft.PeftModel.from_pretrained(transformers_twin(model), tmp_path / "attn", adapter_name="attn").eval()
+    hf.load_adapter(tmp_path / "every", adapter_name="every")
+    for (prompt, lora), out in zip(jobs, outs):
+        if lora is None:
+            with hf.disable_adapter():
+                want = reference_tokens(hf, prompt)
+        else:
+            hf.set_adapter(lora.lora_name)
+            want = reference_tokens(hf, prompt)
+        compare_greedy(hf, prompt, list(out.outputs[0].token_ids), want)
+    assert len({tuple(o.outputs[0].token_ids) for o in outs[:3]}) == 3, "the adapters change the answer"
