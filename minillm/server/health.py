@@ -23,7 +23,7 @@ from .errors import error_response
 from .openapi import errors
 from .responses import Health
 
-PROBES = ("/health", "/live")
+PROBES = ("/health", "/live", "/ping")          # /ping: vLLM's alias of /health (vllm_surface.py)
 
 
 def install_health_routes(app: FastAPI, front: AsyncEngine) -> None:
