@@ -182,6 +182,8 @@ def test_lora_with_chunked_prefill_preemption_and_ngram_speculation(tiny, adapte
     check_against_peft(adapters, jobs, run(llm, jobs))
     if "preemption_mode" in options:
         assert llm.llm_engine.scheduler.num_preemptions > 0, "the pool was meant to be too small"
+    else:
+        assert llm.llm_engine.speculator.num_proposed > 0, "drafts were meant to be verified"
 
 
 def test_unsupported_combinations_are_refused_by_name(tiny):
