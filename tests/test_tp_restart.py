@@ -81,6 +81,7 @@ def test_a_killed_rank_is_reported_and_the_group_restarts_with_the_same_tokens(s
     health = wait_for(lambda: (r := httpx.get(f"{url}/health", timeout=5)).status_code == 503 and r, 5.0)
     assert health, "/health did not turn 503 within 5 s of the kill"
     assert "rank 1 died" in health.json()["error"]["message"]
+    print(f"/health 503 {time.monotonic() - killed:.1f} s after the kill")
     refused = httpx.post(f"{url}/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 2}, timeout=30)
     assert refused.status_code == 503 and int(refused.headers["retry-after"]) > 0
     assert httpx.get(f"{url}/live", timeout=5).status_code == 200        # healing: alive, not ready

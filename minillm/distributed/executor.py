@@ -169,6 +169,9 @@ class TensorParallelExecutor:
 
     def _die(self, message: str):
         self.dead = f"{message}; the tensor-parallel ranks are stopped (restart() starts new ones)"
+        for proc in self.procs:             # the survivors wait in a collective: no use asking them to stop
+            if proc.is_alive():
+                proc.kill()
         self.close()
         raise TensorParallelError(self.dead)
 
