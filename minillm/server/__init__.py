@@ -5,6 +5,7 @@
     serving.py       request -> engine requests; outputs -> choices and text deltas
     app.py           the routes (FastAPI), streaming as Server-Sent Events
     errors.py        OpenAI-shaped errors; guards.py  API key and body-size checks
+    health.py        /health (readiness) and /live (liveness); body_parsing.py  big bodies off the loop
     metrics.py       Prometheus metrics;   run.py / cli.py  uvicorn, `python -m minillm serve`
 
 Needs the `serve` extra (fastapi, uvicorn, prometheus_client). This package file imports
