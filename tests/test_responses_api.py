@@ -124,3 +124,11 @@ def test_bad_input_is_refused_by_name(server, body, param):
     r = post(server, body)
     assert r.status_code in (400, 404), r.text
     assert r.json()["error"]["param"].split(".")[0] == param, r.text
+
+
+def test_null_options_take_their_defaults(server):
+    r = post(server, {"input": "Hi", "max_output_tokens": 2, "store": None, "stream": None, "temperature": None})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["store"] is True and body["output"][0]["type"] == "message"
+    assert httpx.get(f"{server.url}/v1/responses/{body['id']}").json()["id"] == body["id"]

@@ -100,8 +100,8 @@ class ResponsesRequest(Strict):
     max_output_tokens: Optional[StrictInt] = None
     temperature: Optional[Number] = None
     top_p: Optional[Number] = None
-    stream: StrictBool = False
-    store: StrictBool = True
+    stream: Optional[StrictBool] = None          # None (or absent): false
+    store: Optional[StrictBool] = None           # None (or absent): true, as OpenAI
     previous_response_id: Optional[StrictStr] = Field(default=None, max_length=MAX_ID)
     text: Optional[TextConfig] = None
     metadata: Optional[dict[StrictStr, StrictStr]] = Field(default=None, max_length=16)

@@ -57,7 +57,7 @@ async def create_response(req: ResponsesRequest, request: Request):
 
     def answer(items, finish, usage) -> Response:
         response = describe(req, rid, created, served.model_name, items, finish, usage)
-        if req.store and finish is not None:
+        if req.store is not False and finish is not None:
             store.put(rid, Entry(req.previous_response_id, messages + answer_messages(items), response.model_dump()))
         return response
 
@@ -114,7 +114,7 @@ def describe(req: ResponsesRequest, rid: str, created: int, model: str, items: l
         tool_choice=(req.tool_choice if isinstance(req.tool_choice, str) else req.tool_choice.model_dump())
         if req.tool_choice is not None else "auto",
         parallel_tool_calls=req.parallel_tool_calls is not False, temperature=req.temperature, top_p=req.top_p,
-        max_output_tokens=req.max_output_tokens, previous_response_id=req.previous_response_id, store=req.store,
+        max_output_tokens=req.max_output_tokens, previous_response_id=req.previous_response_id, store=req.store is not False,
         metadata=req.metadata, text=req.text.model_dump(exclude_none=True, by_alias=True) if req.text else
         {"format": {"type": "text"}},
         usage=None if usage is None else ResponseUsage(
