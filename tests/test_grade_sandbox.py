@@ -9,7 +9,8 @@ withheld inside it) unless said: the package's answer called from a thread, serv
 source exec'd under a notebook label, its code relabelled (`co_filename`), `gc` on the graders,
 a forged verdict line then `os._exit`, a write into the installed package, a read of the hidden
 checks (the test hands it their path), a write into another student's notebook, a double-forked
-`setsid` daemon that rewrites the grade files, a memory hog. Each attacked exercise gets 0, the
+`setsid` daemon that rewrites the grade files, a memory hog; and lesson 12's choice constraint
+(graded outside too) wrapping the package's class, built and called in another thread. Each attacked exercise gets 0, the
 honest students (graded after the attackers) pass, no hidden-check text is in any output, no
 process of the class is left, and the grade files are unchanged after grading ends.
 
@@ -103,7 +104,7 @@ _gc = __import__("g" + "c")
 for _o in _gc.get_objects():
     if isinstance(_o, types.FunctionType) and _o.__name__.startswith("check_"):
         try:
-            setattr(_o, "__co" + "de__", (lambda *a, **k: True).__code__)
+            setattr(_o, "__co" + "de__", getattr(lambda *a, **k: True, "__co" + "de__"))
         except (ValueError, TypeError):
             pass
 
@@ -217,6 +218,26 @@ def choose_replica(match_lengths, in_flight, load_bound=4):
     return _pool.apply(_c.choose_replica, (match_lengths, in_flight, load_bound))
 '''
 
+THREAD_CLASS = '''from concurrent.futures import ThreadPoolExecutor
+from minillm.structured import choice_trie as _ct
+
+
+def _elsewhere(fn, *args):
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn, *args).result()
+
+
+class MyChoiceConstraint:
+    def __init__(self, choices, tokenizer):
+        self._inner = _elsewhere(_ct.ChoiceConstraint, choices, tokenizer)
+
+    def allowed(self, generated):
+        return _elsewhere(self._inner.allowed, generated)
+
+    def is_complete(self, generated):
+        return _elsewhere(self._inner.is_complete, generated)
+'''
+
 
 def hidden_checks(path: Path) -> None:
     path.write_text(f'''# hidden checks for lesson 11: {MARK}
@@ -234,7 +255,8 @@ ATTACKERS = {"a_thread_exec": ("11", ["ngram_proposer", "rejection_sampler"]),
              "a_forge": ("11", ["ngram_proposer", "rejection_sampler"]),
              "a_hidden_other": ("11", ["ngram_proposer", "rejection_sampler"]),
              "a_daemon_hog": ("11", ["ngram_proposer", "rejection_sampler"]),
-             "a_pool": ("10", ["router_choice"])}
+             "a_pool": ("10", ["router_choice"]),
+             "a_thread_12": ("12", ["choice_constraint"])}
 
 
 def write(nb, path: Path):
@@ -282,6 +304,7 @@ def attacked(tmp_path_factory):
     write(student("11", t11_05=read_hidden(hidden), t11_10=write_other(victim)), folder / "a_hidden_other" / LESSONS["11"])
     write(student("11", t11_05=daemon(out / "grades.json"), t11_10=HOG), folder / "a_daemon_hog" / LESSONS["11"])
     write(student("10", t10_18=POOL), folder / "a_pool" / LESSONS["10"])
+    write(student("12", t12_18=THREAD_CLASS), folder / "a_thread_12" / LESSONS["12"])
     for number in ("10", "11", "12"):
         write(student(number), folder / "honest" / LESSONS[number])
     write(student("11"), victim)
@@ -312,6 +335,10 @@ def test_honest_students_pass_and_are_untouched(attacked):
         mine = {k: r for k, r in records.items() if k[0] == name}
         assert mine and all(r["passed"] for r in mine.values()), mine
     assert len([k for k in records if k[0] == "honest"]) == 7           # 2 + 2 + 1 hidden + 2
+    for name, (number, exercises) in ATTACKERS.items():                 # what was not attacked still passes
+        if number != "11":
+            others = [r for k, r in records.items() if k[:2] == (name, number) and k[2] not in exercises]
+            assert others and all(r["passed"] for r in others), others
     victim, content = attacked["victim"]
     assert victim.read_bytes() == content
     stub = {k[2]: r for k, r in records.items() if k[0] == "zz_stub"}

@@ -2,8 +2,8 @@
 in place of `verdict.py` when grading in a sandbox, never by hand).
 
 The judge is the grader's own code only: it reads the job on stdin and runs no student code.
-  - Exercises in `OUTSIDE` (functions whose inputs and outputs are plain data: lists, numbers,
-    tensors, sampling parameters, generators) are graded here: the student's cells run in a
+  - Exercises in `OUTSIDE` (functions and classes whose inputs and outputs are plain data: lists,
+    numbers, tensors, sampling parameters, generators, the course tokenizer) are graded here: the student's cells run in a
     sandbox (`serve.py`) whose package has those answers withheld (`withheld.py`), and each
     grader runs in this process on a proxy (`Remote`) that sends every call's arguments into the
     sandbox and decodes its result as plain data (`wire.py`; the arguments it mutated are
@@ -24,17 +24,21 @@ from __future__ import annotations
 import builtins
 import json
 import os
+import secrets
+import shutil
 import subprocess
 import sys
 import threading
 
 from . import sandbox, wire
 
-# graders that only call the student's function on plain data and read what it returns (not
+# graders that only call the student's function (lesson 12: class, given the course tokenizer) on
+# plain data and read what it returns (not
 # lesson 03's slot mapping, which the check plugs into an engine, nor lesson 04's block hash,
 # whose check reads the function's code and source)
 OUTSIDE = frozenset({"check_ngram_proposer", "check_rejection_sampler", "check_router_choice", "check_rope",
-                     "check_top_k", "check_top_p", "check_int8_quantizer", "check_int4_quantizer"})
+                     "check_top_k", "check_top_p", "check_int8_quantizer", "check_int4_quantizer",
+                     "check_choice_constraint"})
 WITHHELD = "withheld while grading"
 EXCEPTIONS = {e.__name__: e for e in (AssertionError, ValueError, TypeError, IndexError, KeyError, RuntimeError,
                                       NotImplementedError, ZeroDivisionError, AttributeError, ArithmeticError,
@@ -148,16 +152,13 @@ def _message(e: BaseException) -> str:
     return text
 
 
-def _start(module: str, package, work, job: dict | None = None):
-    env = {"MINILLM_GRADE": "1"}
-    proc = sandbox.popen([sys.executable, "-m", module], cwd=work, env=env, package=package,
+def _start(module: str, package, work):
+    return sandbox.popen([sys.executable, "-m", module], cwd=work, env={"MINILLM_GRADE": "1"}, package=package,
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    return proc
 
 
 def _inside(job: dict, checks: list[dict]):
     """verdict.py, in a sandbox with the full package, for the checks that cannot be graded from here."""
-    import secrets
     nonce = secrets.token_hex(16)
     work = sandbox.workdir("minillm-verdict-")
     sub = {"nonce": nonce, "prelude": job["prelude"], "cells": job["cells"], "checks": checks, "extra": None}
@@ -176,7 +177,6 @@ def _finish_inside(started) -> list[dict]:
     proc, thread, result, nonce, work = started
     thread.join()
     failure = sandbox.finish(proc)
-    import shutil
     shutil.rmtree(work, ignore_errors=True)
     line = next((x for x in reversed(result.get("out", "").splitlines()) if x.startswith(nonce)), None)
     if line is None:
@@ -190,19 +190,22 @@ def main() -> int:
     out = sys.stdout
     nonce = job.pop("nonce")
     sandbox.use(os.environ.get("MINILLM_GRADE_SANDBOX", "bwrap"))
-    import torch
-    if not torch.cuda.is_available():
-        os.environ["TRITON_INTERPRET"] = "1"
-    import minillm.checks as checks
     outside = [c for c in job["checks"] if c["grader"] in OUTSIDE]
     inside = [c for c in job["checks"] if c["grader"] not in OUTSIDE]
     hidden = job.get("extra") or None
     started = _inside(job, inside) if inside else None
     results = []
     if outside or hidden:
+        import torch                               # only here: a lesson graded inside pays nothing for the judge
+        if not torch.cuda.is_available():
+            os.environ["TRITON_INTERPRET"] = "1"
+        import minillm.checks as checks
         results += _graded_here(job, outside, hidden, checks)
     if started:
         got = _finish_inside(started)
+        mine = {c["exercise"] for c in inside}            # the sandbox speaks for its own exercises only
+        got = [{"exercise": r["exercise"], "passed": r.get("passed") is True, "message": str(r.get("message", ""))}
+               for r in got if isinstance(r, dict) and r.get("exercise") in mine] if isinstance(got, list) else got
         if isinstance(got, str):
             got = [{"exercise": c["exercise"], "passed": False, "message": got} for c in inside]
         results = got + results
@@ -284,7 +287,6 @@ def _graded_here(job: dict, outside: list[dict], hidden: dict | None, checks) ->
     except (OSError, subprocess.TimeoutExpired, ValueError):
         pass
     sandbox.finish(proc)
-    import shutil
     shutil.rmtree(work, ignore_errors=True)
     return results
 

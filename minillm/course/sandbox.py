@@ -1,8 +1,8 @@
 """Where a student's code runs while it is graded: a bubblewrap sandbox per process tree.
 
 Grading runs untrusted code. Inside the sandbox (`bwrap`, unprivileged namespaces) a student's
-notebook sees: the system and the Python install, read-only; the package, read-only, at
-/sandbox/pkg (a copy with the answers withheld where the graders are not inside: `withheld.py`);
+notebook sees: the system and the Python install, read-only; the package, read-only, where it is installed (a
+copy with the answers withheld where the graders are not inside, `withheld.py`, in its place);
 its own writable working folder (only that notebook's files) and a private /tmp. It does not see
 the submissions folder, other students, the hidden checks, the grades being written or the
 checkout the package was installed from (editable installs included), and it has no network.
@@ -29,7 +29,8 @@ from .limits import Cgroup, limits, watch
 
 KINDS = ("auto", "bwrap", "none")
 PACKAGE_DIR = Path(__file__).resolve().parents[1]          # the real minillm/ (editable or installed)
-INSIDE_PKG = "/sandbox/pkg"                                # on the sandbox's PYTHONPATH
+INSIDE_PKG = str(PACKAGE_DIR.parent)     # the package's view is bound where the package is (same paths, same
+                                         # kernel cache keys), over it: the real one is not seen
 INSIDE_CACHE = "/sandbox/cache"                            # the converted model, compiled kernels (read-only)
 WARNING = ("WARNING: graded with --sandbox none: student code ran as your own user with your files, "
            "network and processes in reach (answers, hidden checks, other students, the grade files); "
@@ -64,16 +65,9 @@ def _bwrap_base(writable: list[str]) -> list[str]:
     args = ["bwrap", "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
             "--uid", "1000", "--gid", "1000", "--hostname", "sandbox"] + _binds()
     args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/sandbox"]
-    if _under_binds(PACKAGE_DIR):        # installed into site-packages: the answers there are an empty folder
-        args += ["--tmpfs", str(PACKAGE_DIR)]
     for path in writable:
         args += ["--bind", path, path]
     return args
-
-
-def _under_binds(path: Path) -> bool:
-    roots = ["/usr", "/opt", os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)]
-    return any(str(path).startswith(r.rstrip("/") + "/") for r in roots)
 
 
 def probe() -> str | None:
@@ -159,7 +153,7 @@ def popen(cmd: list[str], *, cwd, env: dict[str, str], package: Path | None = No
     cgroup = Cgroup(MEMORY, PROCESSES)
     inside_env = environment({k: v for k, v in env.items() if k.startswith(("MINILLM_GRADE", "PYTEST_"))})
     args = _bwrap_base([str(cwd)])
-    args += ["--ro-bind", str(package or PACKAGE_DIR), f"{INSIDE_PKG}/minillm"]
+    args += ["--ro-bind", str(package or PACKAGE_DIR), str(PACKAGE_DIR)]
     if cache_dir().is_dir():
         args += ["--ro-bind", str(cache_dir()), INSIDE_CACHE]
     args += ["--chdir", str(cwd), "--clearenv"]

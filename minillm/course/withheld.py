@@ -36,7 +36,8 @@ def _answers(graders: frozenset[str]) -> dict[str, list[str]]:
 
 
 def stub_out(source: str, names: list[str]) -> str:
-    """`source` with the body of each top-level function (or `Class.method`) in `names` replaced by the stub."""
+    """`source` with the body of each top-level function (or `Class.method`, or every method of a
+    class) in `names` replaced by the stub."""
     tree = ast.parse(source)
     lines = source.split("\n")
     found = {}
@@ -47,6 +48,9 @@ def stub_out(source: str, names: list[str]) -> str:
             for item in node.body:
                 if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     found[f"{node.name}.{item.name}"] = item
+    classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+    names = [m for n in names for m in ([f"{n}.{i.name}" for i in classes[n].body if isinstance(
+        i, (ast.FunctionDef, ast.AsyncFunctionDef))] if n in classes else [n])]      # a class: every method
     missing = [n for n in names if n not in found]
     if missing:
         raise ValueError(f"cannot withhold {', '.join(missing)}: no such function in the module")
