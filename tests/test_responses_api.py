@@ -132,3 +132,13 @@ def test_null_options_take_their_defaults(server):
     body = r.json()
     assert body["store"] is True and body["output"][0]["type"] == "message"
     assert httpx.get(f"{server.url}/v1/responses/{body['id']}").json()["id"] == body["id"]
+
+
+def test_text_format_and_a_named_tool_choice(client):
+    r = create(client, input="Name the capital of France as JSON.", max_output_tokens=30,
+               text={"format": {"type": "json_schema", "name": "city", "schema": CITY, "strict": True}})
+    assert set(json.loads(r.output_text)) == {"city"} and r.text.format.type == "json_schema"
+    r = create(client, input="Hello!", tools=[WEATHER], tool_choice={"type": "function", "name": "get_weather"},
+               max_output_tokens=30)
+    (call,) = r.output
+    assert call.type == "function_call" and call.name == "get_weather" and set(json.loads(call.arguments)) == {"city"}
