@@ -108,12 +108,14 @@ def test_metrics_are_relabelled_and_totalled():
     def replica(rate, prompt_tokens, running):
         return (f"# TYPE minillm:prefix_cache_hit_rate gauge\nminillm:prefix_cache_hit_rate {rate}\n"
                 f"# TYPE minillm:prompt_tokens counter\nminillm:prompt_tokens_total {prompt_tokens}\n"
-                f"# TYPE minillm:num_requests_running gauge\nminillm:num_requests_running {running}\n")
+                f"# TYPE minillm:num_requests_running gauge\nminillm:num_requests_running {running}\n"
+                f"# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{{model_name=\"m\"}} {rate}\n")
     text = merge({0: replica(0.5, 100, 2), 1: replica(0.0, 300, 1)}).decode()
     assert 'minillm:num_requests_running{replica="1"} 1.0' in text
     assert 'minillm:num_requests_running{replica="total"} 3.0' in text
     assert 'minillm:prompt_tokens_total{replica="total"} 400.0' in text
     assert 'minillm:prefix_cache_hit_rate{replica="total"} 0.125' in text     # 50 hits of 400 tokens
+    assert 'vllm:kv_cache_usage_perc{model_name="m",replica="total"} 0.25' in text     # a ratio: averaged
     tokens = prefix_cache_tokens(text)
     assert tokens == {"0": (50.0, 100.0), "1": (0.0, 300.0)}
     later = prefix_cache_tokens(merge({0: replica(0.75, 200, 0), 1: replica(0.0, 300, 0)}).decode())

@@ -19,7 +19,8 @@ TOTAL = "total"
 HIT_RATE = "minillm:prefix_cache_hit_rate"
 PROMPT_TOKENS = "minillm:prompt_tokens_total"
 AVERAGED = {"minillm:kv_cache_usage_perc", "minillm:spec_decode_acceptance_rate",
-            "minillm:spec_decode_mean_accepted_length"}
+            "minillm:spec_decode_mean_accepted_length",
+            "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"}          # vLLM's names (vllm_metrics.py)
 NOT_ADDED = {("minillm:memory_bytes", "available_host")}      # the replicas share one machine's memory
 
 
