@@ -89,3 +89,16 @@ def watch(proc: subprocess.Popen, cgroup: Cgroup) -> None:
             cgroup.kill()
             return
         threading.Event().wait(0.25)
+
+
+def sweep(older_than: float = 600) -> None:
+    """Remove the empty cgroups a killed grader left behind (a live sandbox's cgroup is not empty,
+    and one made moments ago may not be joined yet: only old ones go)."""
+    import time
+    for controller in ("memory", "pids"):
+        for path in Path("/sys/fs/cgroup", controller).glob("minillm-grade-*"):
+            try:
+                if time.time() - path.stat().st_mtime > older_than:
+                    path.rmdir()
+            except OSError:
+                continue

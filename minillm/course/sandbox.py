@@ -25,7 +25,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from .limits import Cgroup, limits, watch
+from .limits import Cgroup, limits, sweep, watch
 
 KINDS = ("auto", "bwrap", "none")
 PACKAGE_DIR = Path(__file__).resolve().parents[1]          # the real minillm/ (editable or installed)
@@ -95,6 +95,8 @@ def configure(kind: str) -> str:
     elif kind == "bwrap" and probe():
         raise SandboxError(f"--sandbox bwrap: {probe()}")
     use(kind)
+    if kind != "none":
+        sweep()
     if kind != "none" and not os.environ.get("MINILLM_GRADE_WITHHELD"):
         shared = tempfile.mkdtemp(prefix="minillm-withheld-")     # the answer-withheld copies, for every judge
         atexit.register(shutil.rmtree, shared, True)
