@@ -31,7 +31,7 @@ from .body_parsing import BodyParser, ParseBigBodiesOffTheLoop
 from .errors import APIError, error_body, install_error_handlers
 from .guards import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES, Guards
 from .health import install_health_routes
-from . import vllm_surface
+from . import lora_routes, vllm_surface
 from .openapi import STREAMED, errors, install_truthful_openapi
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .responses import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse,
@@ -78,7 +78,8 @@ def build_app(engine, model_name: str, *, api_key: str | None = None,
 
     @app.get("/v1/models", response_model=ModelList, responses=errors(401))
     async def models():
-        return ModelList(data=[ModelCard(id=model_name, created=created, max_model_len=front.max_model_len)])
+        return ModelList(data=[ModelCard(id=model_name, created=created, max_model_len=front.max_model_len),
+                               *served.adapters.cards(created, front.max_model_len)])     # LoRA adapters
 
     @app.post("/v1/completions", response_model=CompletionResponse,
               responses={**STREAMED, **errors(400, 401, 404, 500, 503)})
@@ -168,6 +169,7 @@ def build_app(engine, model_name: str, *, api_key: str | None = None,
                                       prompt_logprobs=prompt_logprobs_json(out.prompt_logprobs))
 
     vllm_surface.install(app, served, created)      # /tokenize, /v1/responses, vllm:* metrics, ...
+    lora_routes.install(app, served.adapters)       # /v1/load_lora_adapter, ... when the environment allows
     return app
 
 

@@ -154,7 +154,8 @@ class AsyncEngine:
         self._commands.put(command)
         self._wake.set()
 
-    async def add(self, request_ids: list[str], prompts: list, params: list, priority: int = 0) -> RequestStream:
+    async def add(self, request_ids: list[str], prompts: list, params: list, priority: int = 0,
+                  lora_request=None) -> RequestStream:
         """Queue one engine request per prompt; all are accepted, or none is. Raises what
         `add_request` raised (ValueError / TypeError: the client's mistake) or QueueFull,
         before any output exists, so the handler can still answer with an error status."""
@@ -163,6 +164,7 @@ class AsyncEngine:
             raise APIError(503, f"the engine cannot serve now: {why}", code="engine_unavailable",
                            headers=None if self.fatal else {"Retry-After": str(RETRY_AFTER_S)})
         stream = self.stream_cls(self, request_ids, prompts, params, priority)
+        stream.lora_request = lora_request            # its LoRA adapter (server/lora_models.py), None: the base
         self.send(("add", stream))
         try:
             kind, error = await stream.queue.get()
@@ -268,7 +270,7 @@ class AsyncEngine:
         added = []
         try:
             for rid, prompt, params in zip(stream.request_ids, stream.prompts, stream.params):
-                self.engine.add_request(rid, prompt, params, stream.priority)
+                self.engine.add_request(rid, prompt, params, stream.priority, getattr(stream, "lora_request", None))
                 added.append(rid)
         except Exception as e:              # ValueError/TypeError: a bad request; else our bug
             for rid in added:

@@ -20,6 +20,7 @@ from .data_parallel.lifeline import exit_with_parent
 from .data_parallel.router import POLICIES
 from .chat_setup import add_chat_arguments
 from .guards import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES
+from .lora_models import parse_lora_modules
 from .run import Timeouts
 
 __all__ = ["add_arguments", "engine_options", "main"]      # engine_options: engine_args's, for callers
@@ -58,6 +59,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-replica-restarts", type=int, default=MAX_RESTARTS,
                    help="times in a row the front starts a replica that exited again, with backoff (0: never)")
     p.add_argument("--exit-with-parent", action="store_true", help=argparse.SUPPRESS)   # a replica's lifeline
+    p.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
+                   help="LoRA adapters served by name (needs --enable-lora): name=path or "
+                        '\'{"name": ..., "path": ...}\'; a request\'s "model" picks one (lora_models.py)')
     add_chat_arguments(p)
     add_engine_arguments(p)
 
@@ -74,6 +78,12 @@ def main(args) -> int:
     timeouts = Timeouts(args.shutdown_timeout, args.header_timeout, args.timeout_keep_alive)
     if min(timeouts.shutdown, timeouts.header, timeouts.keep_alive, args.body_timeout) <= 0:
         raise ValueError("--shutdown-timeout, --header-timeout, --body-timeout and --timeout-keep-alive must be > 0")
+    lora_modules = parse_lora_modules(args.lora_modules)
+    if lora_modules and not args.enable_lora:
+        raise ValueError("--lora-modules needs --enable-lora")
+    if args.enable_lora and args.data_parallel_size > 1:
+        raise ValueError("--enable-lora with --data-parallel-size > 1 is not supported yet: the replicas would "
+                         "each need the same adapters loaded and unloaded together; use one server")
     if args.data_parallel_size > 1:
         from .data_parallel.main import main as serve_data_parallel
         return serve_data_parallel(args)
@@ -97,6 +107,8 @@ def main(args) -> int:
     app = build_app(engine, name, api_key=args.api_key, max_request_body_bytes=args.max_request_body_bytes,
                     max_waiting_requests=args.max_waiting_requests, body_timeout=args.body_timeout)
     app.state.served.chat = chat
+    for lora_name, lora_path in lora_modules:                # read and checked now: a bad folder fails here
+        app.state.served.adapters.add_now(lora_name, lora_path)
     try:
         serve(app, args.host, args.port, timeouts)
     except OSError as e:                                     # e.g. the port is taken

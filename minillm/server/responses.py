@@ -129,6 +129,8 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "minillm"
     max_model_len: int
+    root: Optional[str] = None                # a LoRA adapter's folder (as vLLM)
+    parent: Optional[str] = None              # a LoRA adapter's base model (lora_models.py)
 
 
 class ModelList(BaseModel):

@@ -24,6 +24,7 @@ from ..sampling_params import MAX_LOGIT_BIAS, SamplingParams
 from .async_engine import AsyncEngine, QueueFull, RequestStream
 from .chat_setup import ChatSettings, bind_chat
 from .errors import APIError, bad_request
+from .lora_models import ServedAdapters
 from .limits import MAX_MESSAGES, check_prompt_count, check_text_fits, off_the_loop
 from .metrics import Metrics
 from .protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
@@ -39,12 +40,12 @@ class Served:
         self.vocab_size = vocab_size            # the model's logits width (logit_bias ids are checked on it)
         self.metrics = Metrics(front)
         self.chat = ChatSettings()              # templates and tool calls (chat_setup.py; serve sets its flags)
+        # LoRA adapters by name (lora_models.py); the engine's LoRAManager when it has enable_lora
+        self.adapters = ServedAdapters(model_name, getattr(getattr(front, "engine", None), "lora", None))
 
 
 def check_options(req: SamplingFields, served: Served) -> None:
-    if req.model is not None and req.model != served.model_name:
-        raise APIError(404, f"the model '{req.model}' does not exist; this server serves "
-                            f"'{served.model_name}'", "model", "model_not_found")
+    served.adapters.resolve(req.model)          # the base model, a LoRA adapter, or a 404 naming `model`
     name = req.unsupported()
     if name is not None:
         raise APIError(400, f"{name} is not supported yet", name, "unsupported_parameter")
@@ -141,7 +142,7 @@ async def start(served: Served, http_request, req: SamplingFields, prompts: list
     request_id = f"{prefix}-{uuid.uuid4().hex}"
     ids = [f"{request_id}-{i}" for i in range(len(prompts))]
     try:
-        stream = await served.front.add(ids, prompts, params, req.priority)
+        stream = await served.front.add(ids, prompts, params, req.priority, served.adapters.resolve(req.model))
     except QueueFull as e:
         raise APIError(503, str(e), code="queue_full") from None
     except (ValueError, TypeError) as e:

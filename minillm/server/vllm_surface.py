@@ -76,9 +76,7 @@ def install(app: FastAPI, served, created: int) -> None:
     tokenizer, front = served.tokenizer, served.front
 
     def check_model(model: Optional[str]) -> None:
-        if model is not None and model != served.model_name:
-            raise APIError(404, f"the model '{model}' does not exist; this server serves '{served.model_name}'",
-                           "model", "model_not_found")
+        served.adapters.resolve(model)               # the base model or a LoRA adapter (same tokenizer), else 404
 
     @app.post("/tokenize", response_model=TokenizeResponse, responses=errors(400, 401, 404))
     async def tokenize(req: TokenizeRequest):
@@ -115,6 +113,9 @@ def install(app: FastAPI, served, created: int) -> None:
     @app.get("/v1/models/{model_id:path}", response_model=ModelCard, responses=errors(401, 404))
     async def model(model_id: str):
         if model_id != served.model_name:
+            card = served.adapters.card(model_id, created, front.max_model_len)      # a LoRA adapter's
+            if card is not None:
+                return card
             raise APIError(404, f"The model '{model_id}' does not exist", "model", "model_not_found")
         return ModelCard(id=served.model_name, created=created, max_model_len=front.max_model_len)
 
