@@ -105,6 +105,8 @@ def test_models_lists_the_adapters_and_unknown_names_are_404(setup):
         complete(server, "nope", PROMPTS[0])
     assert e.value.body["param"] == "model" and "nope" in e.value.body["message"]
     assert complete(server, "sql", PROMPTS[0]) == refs["sql"][0]          # still serving
+    r = client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+    assert r.model == "chat" and r.choices[0].message.content is not None    # the adapter's name, as vLLM
 
 
 def test_runtime_load_use_unload(setup):

@@ -96,7 +96,8 @@ def build_app(engine, model_name: str, *, api_key: str | None = None,
         now = int(time.time())
 
         def response(choices, usage=None):
-            return CompletionResponse(id=gen.id, created=now, model=model_name, choices=choices, usage=usage)
+            return CompletionResponse(id=gen.id, created=now, model=req.model or model_name,   # or a LoRA adapter
+                                      choices=choices, usage=usage)
 
         k_top = req.logprobs_k()
         every = req.usage_in_every_chunk()
@@ -145,7 +146,8 @@ def build_app(engine, model_name: str, *, api_key: str | None = None,
         if req.stream:
             def chunk(choices, usage=None):
                 usage = usage or (gen.usage() if every else None)
-                return ChatCompletionChunk(id=gen.id, created=now, model=model_name, choices=choices, usage=usage)
+                return ChatCompletionChunk(id=gen.id, created=now, model=req.model or model_name, choices=choices,
+                                           usage=usage)
 
             async def chunks():
                 for k in range(req.n):           # OpenAI opens each choice with the role
@@ -165,7 +167,8 @@ def build_app(engine, model_name: str, *, api_key: str | None = None,
                               c.finish_reason), logprobs=None if c.logprobs is None else
                               chat_logprobs(c.logprobs, c.token_ids, k_top))
                    for c in sorted(out.outputs, key=lambda c: c.index)]
-        return ChatCompletionResponse(id=gen.id, created=now, model=model_name, choices=choices, usage=gen.usage(),
+        return ChatCompletionResponse(id=gen.id, created=now, model=req.model or model_name, choices=choices,
+                                      usage=gen.usage(),
                                       prompt_logprobs=prompt_logprobs_json(out.prompt_logprobs))
 
     vllm_surface.install(app, served, created)      # /tokenize, /v1/responses, vllm:* metrics, ...
