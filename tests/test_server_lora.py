@@ -150,3 +150,15 @@ def test_lora_modules_flag_forms():
     for bad in (["noequals"], ["=path"], ['{"name": "b"}'], ["{oops"]):
         with pytest.raises(ValueError, match="--lora-modules"):
             parse_lora_modules(bad)
+
+
+def test_serve_refuses_bad_lora_flags_before_listening():
+    """A missing adapter folder, --lora-modules without --enable-lora, LoRA with data parallelism:
+    each an error naming what is wrong, exit 2, before the server listens."""
+    import subprocess
+    serve = [sys.executable, "-m", "minillm", "serve", "--model", "tiny-llama", "--port", "0"]
+    for flags, said in ((["--enable-lora", "--lora-modules", "x=/nowhere/adapter"], "lora_path: no such adapter"),
+                        (["--lora-modules", "x=/nowhere"], "--lora-modules needs --enable-lora"),
+                        (["--enable-lora", "--data-parallel-size", "2"], "--data-parallel-size > 1 is not supported")):
+        r = subprocess.run(serve + flags, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and said in r.stderr, (flags, r.returncode, r.stderr[-500:])
