@@ -93,6 +93,23 @@ def test_two_turn_tool_loop(client):
         assert c.message.content.strip() and c.finish_reason in ("stop", "length")
 
 
+def test_history_takes_the_answer_back_as_clients_send_it(client):
+    """The common agent loop appends the answer object itself (openai: `messages.append(message)`;
+    litellm dumps it whole, with `index`, `function_call` and `provider_specific_fields` set to
+    null): the next turn must take it back. The answer's own calls carry no `index`."""
+    first = chat(client, messages=CALL_ASK, parallel_tool_calls=False).choices[0].message
+    (call,) = first.tool_calls
+    assert "index" not in first.model_dump(exclude_unset=True)["tool_calls"][0]
+    tool = {"role": "tool", "tool_call_id": call.id, "content": "18 degrees and sunny"}
+    litellm_style = dict(first.model_dump(), function_call=None, provider_specific_fields=None,
+                         tool_calls=[dict(c.model_dump(), index=None) for c in first.tool_calls])
+    for echoed in (first, litellm_style):
+        r = chat(client, messages=CALL_ASK + [echoed, tool], parallel_tool_calls=False, max_tokens=8)
+        assert r.usage.prompt_tokens > 60 and r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    with pytest.raises(openai.BadRequestError, match="function_call"):    # echoed fields must be empty
+        chat(client, messages=CALL_ASK + [dict(litellm_style, function_call={"name": "x"}), tool])
+
+
 def test_two_calls_in_one_answer(client):
     r = chat(client, messages=[{"role": "user", "content": "Reply with a <tool_call> to get_weather for Paris and "
                                                            "a <tool_call> to get_time for Tokyo."}], max_tokens=72)

@@ -134,6 +134,7 @@ class ToolCall(Strict):
     id: StrictStr
     type: Literal["function"] = "function"
     function: FunctionCall
+    index: Optional[StrictInt] = None             # a streamed delta's field, echoed back by some clients (litellm); ignored
 
 
 class ChatMessage(Strict):
@@ -145,6 +146,13 @@ class ChatMessage(Strict):
     name: Optional[StrictStr] = None
     tool_calls: Optional[list[ToolCall]] = None
     tool_call_id: Optional[StrictStr] = None
+    # Fields of an answer that clients send back when they append it to the history as they got
+    # it (openai's and litellm's message objects): accepted when empty, ignored.
+    refusal: Optional[StrictStr] = None
+    function_call: None = None
+    audio: None = None
+    annotations: Optional[list[Any]] = Field(default=None, max_length=0)
+    provider_specific_fields: None = None
 
     @model_validator(mode="after")
     def _shape(self) -> "ChatMessage":

@@ -78,10 +78,18 @@ class ToolCallOut(BaseModel):
     function: FunctionCallOut
 
 
+class MessageToolCall(BaseModel):
+    """A call in a whole (non-streamed) answer: OpenAI's shape has no `index` (a client that
+    appends the message to its history sends back exactly what it got)."""
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: Optional[str]                       # None when the answer is a tool call
-    tool_calls: Optional[list[ToolCallOut]] = None
+    tool_calls: Optional[list[MessageToolCall]] = None
 
 
 class ChatChoice(BaseModel):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import uuid
 
-from .responses import AssistantMessage, Delta, FunctionCallOut, ToolCallOut
+from .responses import AssistantMessage, Delta, FunctionCallOut, MessageToolCall, ToolCallOut
 from .structured import auto_tool_parser, tool_called, tool_calls_from
 
 
@@ -42,13 +42,13 @@ class ToolCallStream:
             self.last_called = bool(calls)
             if not calls:
                 return AssistantMessage(content=text)
-            return AssistantMessage(content=content, tool_calls=[ToolCallOut(
+            return AssistantMessage(content=content, tool_calls=[MessageToolCall(
                 id=call_id(), type="function", function=FunctionCallOut(name=c.name, arguments=c.arguments))
                 for c in calls])
         calls = tool_calls_from(self.req, text) if self.active else None
         if calls is None:
             return AssistantMessage(content=text)
-        return AssistantMessage(content=None, tool_calls=[ToolCallOut(**c) for c in calls])
+        return AssistantMessage(content=None, tool_calls=[MessageToolCall(**c) for c in calls])
 
     def finish_reason(self, reason: str | None) -> str | None:
         if self.parser is not None:
