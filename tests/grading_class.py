@@ -64,17 +64,20 @@ def honest(number: str):
     for cell in nb.cells:
         if cell.cell_type != "code" or STUB[1] not in cell.source:
             continue
+        stale = f"lessons/{LESSONS[number]} is not built from its solution (python -m minillm.course build)"
+        assert cell.id in solution, f"{stale}: no cell {cell.id} in the solution"
         blocks = solution_blocks(solution[cell.id].source)
         lines, out = cell.source.split("\n"), []
         i = 0
         while i < len(lines):
             if lines[i].strip() == STUB[0] and i + 1 < len(lines) and lines[i + 1].strip() == STUB[1]:
+                assert blocks, f"{stale}: cell {cell.id} has more stubs than solution blocks"
                 out += blocks.pop(0)
                 i += 2
             else:
                 out.append(lines[i])
                 i += 1
-        assert not blocks, f"lesson {number}, cell {cell.id}: {len(blocks)} solution block(s) have no stub"
+        assert not blocks, f"{stale}: cell {cell.id} has {len(blocks)} solution block(s) without a stub"
         cell.source = "\n".join(out)
     return nb
 
@@ -86,15 +89,16 @@ CHECKS_NEED = {"03": ["c05"]}          # lesson 03's slot_mapping check cell pri
 def trim(nb, number: str, loads_the_model: bool = False):
     """Keep only what grading needs: badge, setup cell, imports, exercises and their check cells
     (as a student who deleted the rest); the imports cell without its `load_model(...)` line
-    unless `loads_the_model`."""
+    unless `loads_the_model` or the cell goes on to use the model."""
     first_code = next(i for i, c in enumerate(nb.cells) if i >= 2 and c.cell_type == "code")
     wanted = stubbed_cells(number) | set(CHECKS_NEED.get(number, ()))
     keep = [i for i, c in enumerate(nb.cells) if i < 2 or i == first_code or exercise_of(c) or c.get("id") in wanted]
     nb = nbformat.from_dict(json.loads(json.dumps(nb)))
     imports = nb.cells[first_code]
     nb.cells = [nb.cells[i] for i in keep]
-    if not loads_the_model:
-        imports.source = MODEL_LOAD.sub("", imports.source)
+    without = MODEL_LOAD.sub("", imports.source)
+    if not loads_the_model and not re.search(r"\b(model|tokenizer)\b", without):   # 09-12 use it there
+        imports.source = without
     return nb
 
 

@@ -1,13 +1,15 @@
-"""`python -m minillm.course grade` over a generated class: a student with the reference
-solutions of lessons 00, 01, 03, 04, 05, 06 and 08 (all pass: no false positive of the rules
-against cheating), one with the stubs of 00, 03 and 04 (all fail), one wrong implementation per
-exercise of those (exactly that exercise fails, with its hint), a deleted and an edited check
-cell, hidden checks (--extra-checks), cheats (each attack gets 0 for the attacked exercise, with
+"""`python -m minillm.course grade` over a class generated from the course (tests/grading_class.py):
+an honest student of every lesson, 00 to 12 (the reference solutions typed into the stubs of
+lessons/: every exercise passes, so no lesson is unpassable and no rule against cheating fires
+on an honest answer), one with the stubs of 00, 03 and 04 (all fail), one planted mistake per
+exercise of the course, each in a notebook of its own (exactly that exercise fails, with its
+hint), a deleted and an edited check cell, hidden checks (--extra-checks), cheats (each attack gets 0 for the attacked exercise, with
 a message naming it: the six attacks of issue 19 on lesson 00, and again over lessons 01, 03,
 04, 05, 06 and 08, several attacks per notebook where a lesson has several exercises, plus
 exercises that merely call the package's answer), and, in a second run with a short timeout
 and the flat `student__NN_name.ipynb` layout, a notebook that hangs, one whose imports fail
-and one that is not a notebook.
+and one that is not a notebook. `python -m minillm.course self-check` on notebooks of the class
+gives grade's verdicts (exit 0 for the honest one, 1 with the hint for a planted mistake).
 
 To keep the run short, submissions keep only the cells grading needs (the badge, the setup
 cell, the imports, the exercises and their checks), as a student who deleted the rest
@@ -15,6 +17,7 @@ would; the full lessons run in the notebook tests. Only the reference student's 
 still loads the lesson's model (no kept cell uses it; in every other kernel it would cost
 seconds and prove nothing about grading). The class is graded once per test
 session, also under xdist (the first worker grades, the others read its result).
+Measured on the shared 2-core machine: MEASURED.
 """
 import ast
 import json
@@ -26,35 +29,15 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from minillm.course.build import exercise_of, make_lesson, read, strip_markers
+from grading_class import EXERCISES, LESSONS, PLANTED, REPO, honest, planted, trim
+from grading_class import lesson as lesson_notebook
+from minillm.course.build import make_lesson, read, strip_markers
 from minillm.course.grade import Record, table
 
-REPO = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow
+# the first test grades the class (its fixture): more than the suite's 900 s default on a loaded machine
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
-LESSONS = {"00": "00_setup_and_tour.ipynb", "01": "01_naive_generation.ipynb", "03": "03_paged_kv.ipynb",
-           "04": "04_prefix_sharing.ipynb", "05": "05_continuous_batching.ipynb",
-           "06": "06_preemption_and_swap.ipynb", "08": "08_going_fast.ipynb"}
-EXERCISES = {"00": ["rope"], "01": ["top_k", "top_p", "sampler", "generate_naive"],
-             "03": ["block_allocator", "slot_mapping"], "04": ["block_hash", "prefix_cache", "copy_on_write"],
-             "05": ["scheduler"], "06": ["preemption", "swap"], "08": ["paged_decode_kernel"]}
-STUBBED = ("00", "03", "04")            # the lessons the stubs and the wrong students submit
-
-CHECKS_NEED = {"03": ["c05"]}          # lesson 03's slot_mapping check cell prints with this cell's `tables`
-
-# exercise -> (lesson, text in the reference solution, a plausible mistake, words its hint must contain)
-WRONG = {
-    "rope": ("00", "torch.cat([-x2, x1], dim=-1)", "torch.cat([x2, -x1], dim=-1)", "rotates the wrong way"),
-    "block_allocator": ("03", "            self.free_blocks[block] = None",
-                        "            self.free_blocks[block] = None\n"
-                        "            self.free_blocks.move_to_end(block, last=False)", "least recently freed"),
-    "slot_mapping": ("03", "block_table[p // block_size] * block_size + p % block_size",
-                     "block_table[p // block_size] + p % block_size", "slot"),
-    "block_hash": ("04", "hashlib.sha256(parent or b\"root\")", "hashlib.sha256(b\"root\")", "parent"),
-    "prefix_cache": ("04", "            if block is None:\n                break",
-                     "            if block is None:\n                continue", "first miss"),
-    "copy_on_write": ("04", "                self.allocator.free(block)\n", "", "block"),
-}
+STUBBED = ("00", "03", "04")            # the lessons the stubs student submits
 
 
 def readme_hidden_checks() -> str:
@@ -149,25 +132,9 @@ CHEATS = {
 ATTACKS = [(student, exercise) for student, (_, attacks) in CHEATS.items() for _, exercise, _ in attacks]
 
 
-MODEL_LOAD = re.compile(r"^model, tokenizer = load_model\(.*\)\n", re.M)
-
-
-def notebook(lesson: str, stubs: bool, loads_the_model: bool = False):
-    """The lesson (stubs) or its reference solution, keeping only what grading needs: badge,
-    setup cell, imports, exercises and their check cells; the imports cell without its
-    `load_model(...)` line unless `loads_the_model`."""
-    name = LESSONS[lesson]
-    solution = read(REPO / "solutions" / name)
-    stubbed = make_lesson(solution, f"solutions/{name}")
-    first_code = next(i for i, c in enumerate(stubbed.cells) if i >= 2 and c.cell_type == "code")
-    keep = [i for i, c in enumerate(stubbed.cells) if i < 2 or i == first_code or exercise_of(c)
-            or 'raise NotImplementedError("YOUR CODE HERE")' in c.source or c.get("id") in CHECKS_NEED.get(lesson, ())]
-    nb = stubbed if stubs else make_lesson(solution, f"solutions/{name}", stubs=False)
-    nb.cells = [nb.cells[i] for i in keep]
-    if not loads_the_model:
-        imports = nb.cells[keep.index(first_code)]
-        imports.source = MODEL_LOAD.sub("", imports.source)
-    return nb
+def notebook(number: str, stubs: bool, loads_the_model: bool = False):
+    """Lesson `number` with its stubs, or its honest student, trimmed (grading_class.trim)."""
+    return trim(lesson_notebook(number) if stubs else honest(number), number, loads_the_model)
 
 
 def replace(nb, old: str, new: str):
@@ -197,11 +164,12 @@ def write(nb, path: Path):
     nbformat.write(nb, str(path))
 
 
-def grade(folder: Path, out: Path, *options: str):
+def grade(folder: Path, out: Path, *options: str, timeout: float = 600):
     cmd = [sys.executable, "-m", "minillm.course", "grade", str(folder), "--root", str(REPO),
            "--json", str(out / "grades.json"), "--csv", str(out / "grades.csv"), *options]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=out)
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=out)
     print(run.stdout, run.stderr)
+    (out / "grade_stdout.txt").write_text(run.stdout)       # ends with "graded N notebook(s) in T s"
     assert run.returncode == 0, run.stdout + run.stderr
     records = json.loads((out / "grades.json").read_text())
     return run.stdout, {(r["student"], r["lesson"], r["exercise"]): r for r in records}
@@ -239,16 +207,13 @@ def graded(tmp_path_factory):
 
 
 def grade_class(tmp_path_factory, out: Path):
-    folder = tmp_path_factory.mktemp("class")
+    folder = out / "class"                    # kept: the self-check tests run some of its notebooks again
     for lesson, name in LESSONS.items():
         write(notebook(lesson, stubs=False, loads_the_model=True), folder / "reference" / name)
         if lesson in STUBBED:
             write(notebook(lesson, stubs=True), folder / "stubs" / name)
-    by_lesson = {}
-    for exercise, (lesson, old, new, _) in WRONG.items():
-        student = f"wrong_{len(by_lesson.setdefault(lesson, [])) + 1}"
-        by_lesson[lesson].append(exercise)
-        write(replace(notebook(lesson, stubs=False), old, new), folder / student / LESSONS[lesson])
+    for exercise, (lesson, _, _, _) in PLANTED.items():
+        write(trim(planted(exercise), lesson), folder / f"bug_{exercise}" / LESSONS[lesson])
     deleted = notebook("03", stubs=False)
     deleted.cells = [c for c in deleted.cells if c.get("id") != "check-slot_mapping"]
     write(deleted, folder / "tamper" / LESSONS["03"])
@@ -261,7 +226,9 @@ def grade_class(tmp_path_factory, out: Path):
         write(nb, folder / student / LESSONS[lesson])
     write(exercise_cell(notebook("00", stubs=True), "c19", HONEST_ROPE), folder / "honest" / LESSONS["00"])
     (out / "hidden_checks.py").write_text(EXTRA)
-    return grade(folder, out, "--timeout", "240", "--jobs", "2", "--extra-checks", str(out / "hidden_checks.py"))
+    # about 55 notebooks, ~10 s of CPU each: ~5 minutes on 2 free cores; the limit leaves room for a loaded machine
+    return grade(folder, out, "--timeout", "240", "--jobs", "2", "--extra-checks", str(out / "hidden_checks.py"),
+                 timeout=2400)
 
 
 def test_reference_passes_everything(graded):
@@ -272,24 +239,25 @@ def test_reference_passes_everything(graded):
     mine = {k: r for k, r in records.items() if k[0] == "reference"}
     total = sum(len(e) for e in EXERCISES.values()) + 2                     # + 2 hidden checks
     assert len(mine) == total and all(r["passed"] for r in mine.values()), mine
-    assert re.search(r"^reference +1/1 +4/4 +2/2 \+ 2/2 hidden +3/3 +1/1 +2/2 +1/1$", stdout, re.M), stdout
+    row = "".join(f" +{len(e)}/{len(e)}" + (r" \+ 2/2 hidden" if n == "03" else "") for n, e in EXERCISES.items())
+    assert re.search(f"^reference{row}$", stdout, re.M), stdout
 
 
 def test_stubs_fail_everything_with_not_implemented(graded):
     _, records = graded
     mine = {k: r for k, r in records.items() if k[0] == "stubs"}
-    assert len(mine) == 8 and not any(r["passed"] for r in mine.values())
+    assert len(mine) == sum(len(EXERCISES[n]) for n in STUBBED) + 2 and not any(r["passed"] for r in mine.values())
     for (_, _, exercise), r in mine.items():
         if "extra" not in exercise:
             assert "not implemented yet" in r["message"], r
             assert "Traceback" not in r["message"] and "contextlib" not in r["message"]
 
 
-@pytest.mark.parametrize("exercise", list(WRONG))
-def test_one_wrong_implementation_fails_exactly_its_exercise(graded, exercise):
+@pytest.mark.parametrize("exercise", list(PLANTED))
+def test_one_planted_bug_fails_exactly_its_exercise(graded, exercise):
     _, records = graded
-    lesson, _, _, hint = WRONG[exercise]
-    student = f"wrong_{[e for e in WRONG if WRONG[e][0] == lesson].index(exercise) + 1}"
+    lesson, _, _, hint = PLANTED[exercise]
+    student = f"bug_{exercise}"
     mine = {k[2]: r for k, r in records.items() if k[:2] == (student, lesson) and "extra" not in k[2]}
     failed = [e for e, r in mine.items() if not r["passed"]]
     assert failed == [exercise], mine
@@ -326,14 +294,41 @@ def test_an_honest_answer_with_its_own_helpers_passes(graded):
 
 def test_csv_and_table(graded, tmp_path):
     stdout, records = graded
-    assert re.search(r"^student +00 +01 +03 +04 +05 +06 +08$", stdout, re.M), stdout
-    assert re.search(r"^stubs +0/1 +- +0/2 \+ 0/2 hidden +0/3 +- +- +-$", stdout, re.M), stdout
+    assert re.search("^student" + "".join(f" +{n}" for n in EXERCISES) + "$", stdout, re.M), stdout
+    stubs = {n: f"0/{len(EXERCISES[n])}" + (r" \+ 0/2 hidden" if n == "03" else "") for n in STUBBED}
+    assert re.search("^stubs" + "".join(f" +{stubs.get(n, '-')}" for n in EXERCISES) + "$", stdout, re.M), stdout
     assert "  stubs 03 block_allocator: your allocator is not implemented yet" in stdout
     import csv
     rows = list(csv.DictReader(open(OUT[0] / "grades.csv", encoding="utf-8")))
     assert len(rows) == len(records) and set(rows[0]) == {"student", "lesson", "exercise", "passed", "message"}
     assert {(r["student"], r["lesson"], r["exercise"], r["passed"]) for r in rows} >= {
-        ("reference", "04", "block_hash", "True"), ("wrong_2", "03", "slot_mapping", "False")}
+        ("reference", "04", "block_hash", "True"), ("bug_slot_mapping", "03", "slot_mapping", "False")}
+
+
+def self_check(notebook: Path, tmp_path: Path):
+    out = tmp_path / "verdicts.json"
+    run = subprocess.run([sys.executable, "-m", "minillm.course", "self-check", str(notebook), "--root", str(REPO),
+                          "--timeout", "240", "--json", str(out)], capture_output=True, text=True, timeout=600,
+                         cwd=tmp_path)
+    print(run.stdout, run.stderr)
+    return run, {r["exercise"]: r for r in json.loads(out.read_text())} if out.is_file() else {}
+
+
+def test_self_check_gives_the_graders_verdicts(graded, tmp_path):
+    """A student's `self-check` of one notebook: grade's verdicts and hints for it (the same
+    function grades it), a table, exit 0 when every exercise passes and 1 when one fails."""
+    _, records = graded
+    run, mine = self_check(OUT[0] / "class" / "reference" / LESSONS["09"], tmp_path)
+    assert run.returncode == 0 and re.search(r"^int8_quantizer +passed$", run.stdout, re.M), run.stdout
+    assert "2/2 exercises pass" in run.stdout
+    assert {e: r["passed"] for e, r in mine.items()} == {"int8_quantizer": True, "int4_quantizer": True}
+    run, mine = self_check(OUT[0] / "class" / "bug_int4_quantizer" / LESSONS["09"], tmp_path)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert re.search(r"^int4_quantizer +FAILED +dequantize_int4 forgets the minimum", run.stdout, re.M), run.stdout
+    assert "1/2 exercises pass" in run.stdout
+    graders = {k[2]: r for k, r in records.items() if k[:2] == ("bug_int4_quantizer", "09")}
+    assert {e: (r["passed"], r["message"]) for e, r in mine.items()} == \
+        {e: (r["passed"], r["message"]) for e, r in graders.items()}
 
 
 def test_hang_import_error_and_unreadable_notebook_are_reported(tmp_path):

@@ -51,6 +51,9 @@ and is reported as the exercise `<name> (extra)`, counted apart in the table
 
 The exit status is 0 whatever the grades; 2 when the grading itself fails (no such folder,
 no notebook, a notebook nbval could not even start).
+
+A student gets the verdicts of one notebook from the same function (`grade_notebook`):
+`python -m minillm.course self-check NOTEBOOK` (`self_check.py`).
 """
 from __future__ import annotations
 
