@@ -17,7 +17,8 @@ would; the full lessons run in the notebook tests. Only the reference student's 
 still loads the lesson's model (no kept cell uses it; in every other kernel it would cost
 seconds and prove nothing about grading). The class is graded once per test
 session, also under xdist (the first worker grades, the others read its result).
-Measured on the shared 2-core machine: MEASURED.
+Measured on the 2-core machine, otherwise idle: the class (57 notebooks, --jobs 2) takes 265 s;
+the whole file 11 min on a machine loaded by other work.
 """
 import ast
 import json
