@@ -16,6 +16,7 @@ GRADER_MODULES = {
     "lesson01_generation": ["check_generate_naive"],
     "lesson02": ["check_contiguous_cache"],
     "lesson03": ["check_block_allocator", "check_slot_mapping"],
+    "lesson03_attention": ["check_paged_attention"],
     "lesson04_prefix_cache": ["check_block_hash", "check_prefix_cache"],
     "lesson04_copy_on_write": ["check_copy_on_write"],
     "lesson05": ["check_scheduler"],
@@ -42,7 +43,7 @@ def test_graders_are_importable_from_checks_and_their_own_module():
     from minillm.checks.lesson06 import check_swap as from_lesson06
     assert check_block_allocator is from_lesson03 and check_swap is from_lesson06
     graders = [name for names in GRADER_MODULES.values() for name in names]
-    assert sorted(checks.__all__) == sorted(graders) and len(graders) == 25
+    assert sorted(checks.__all__) == sorted(graders) and len(graders) == 26
     for module, names in GRADER_MODULES.items():
         lesson = importlib.import_module(f"minillm.checks.{module}")
         for name in names:

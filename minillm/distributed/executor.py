@@ -147,7 +147,7 @@ class TensorParallelExecutor:
                 except (EOFError, OSError):
                     self._die(self._dead_rank(grace=1.0) or f"tensor-parallel rank {rank} closed its pipe")
                 if status == "error":                  # a peer's death shows up first as a failed collective
-                    self._die(self._dead_rank(grace=1.0) or reply[:300])
+                    self._die(self._dead_rank(grace=1.0, killed_only=True) or reply[:300])
                 replies[rank] = reply
                 del waiting[rank]
             if waiting and (dead := self._dead_rank(grace=0)):
@@ -156,12 +156,14 @@ class TensorParallelExecutor:
                 self._die(f"tensor-parallel ranks {sorted(waiting)} did not answer within {timeout:.0f} s")
         return [replies[r] for r in range(len(self.conns))]
 
-    def _dead_rank(self, grace: float) -> str | None:
-        """"rank r died (exit code c)" for the first rank found dead within `grace` seconds, else None."""
+    def _dead_rank(self, grace: float, killed_only: bool = False) -> str | None:
+        """"rank r died (exit code c)" for the first rank found dead within `grace` seconds, else None.
+        killed_only: a rank that exited 0 does not count (it returned after sending its own error,
+        which is then the better message: a rank that failed to start)."""
         deadline = time.monotonic() + grace
         while True:
             for rank, proc in enumerate(self.procs):
-                if not proc.is_alive():
+                if not proc.is_alive() and not (killed_only and proc.exitcode == 0):
                     return f"tensor-parallel rank {rank} died (exit code {proc.exitcode})"
             if time.monotonic() > deadline:
                 return None
