@@ -4,7 +4,8 @@ import pytest
 
 from grading_class import EXERCISES, LESSONS, PLANTED, honest, planted, stubbed_cells
 from minillm.course.build import STUB
-from minillm.course.isolate import STUDENT_IMPORTS, import_keys, parse, plan, scan
+from minillm.course.isolate import plan
+from minillm.course.tamper_scan import STUDENT_IMPORTS, import_keys, parse, scan
 
 
 def test_every_lesson_has_exercises_and_every_exercise_has_a_planted_bug():

@@ -27,7 +27,7 @@ and hidden, and sends the verdicts back as JSON on its stdout. Code in other cel
 notebook never runs there, so it cannot reach a verdict (a monkeypatched grader,
 `set_custom_exc`, `input_transformers_post`, a `raises-exception` tag all stay in the kernel).
 An exercise is reported as tampering when its exercise cell touches the grading machinery:
-a static `ast` scan (`isolate.scan`: `minillm.checks` internals or `minillm.course`, IPython
+a static `ast` scan (`tamper_scan.scan`: `minillm.checks` internals or `minillm.course`, IPython
 hooks such as `get_ipython`, `set_custom_exc`, `input_transformers_*`, `sys.modules`, frame,
 `gc` or `ctypes` introspection, nbval metadata, assignments to attributes of imported modules),
 and an identity check after each exercise cell ran (and after each check) that the graders,
@@ -62,57 +62,22 @@ import re
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 
 from .build import CHECK_TAG, exercise_of, make_lesson, read, solution_paths
 from .check_cells import check_cell_differs, prepare
-from .isolate import finish_verdicts, module_names, plan, scan, start_verdicts, student_cells
+from .isolate import finish_verdicts, module_names, plan, start_verdicts, student_cells
+from .tamper_scan import scan
 from .report import Record, table, write_csv, write_json
 from .run_notebook import run_notebook
+from .submissions import GradingError, Submission, find_submissions
 from . import sandbox
 
 SANDBOX_FAILURES: list[tuple[str, str, str]] = []      # (student, lesson, how its sandbox failed)
 
-FLAT_NAME = re.compile(r"^(?P<student>.+?)__(?P<lesson>\d\d)_.*\.ipynb$")
-FOLDER_NAME = re.compile(r"^(?P<lesson>\d\d)_.*\.ipynb$")
 EXTRA_PREFIX = re.compile(r"^lesson(?P<lesson>\d\d)_(?P<name>\w+)$")
-
-
-class GradingError(RuntimeError):
-    """The grading run itself failed (not a student's notebook)."""
-
-
-@dataclass
-class Submission:
-    student: str
-    lesson: str
-    path: Path
-
-
-# ---------------------------------------------------------------- what to grade
-
-def find_submissions(folder: Path, lessons: list[str] | None = None) -> list[Submission]:
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise GradingError(f"no submissions folder {folder}")
-    found = []
-    for entry in sorted(folder.iterdir()):
-        if entry.is_file() and FLAT_NAME.match(entry.name):
-            m = FLAT_NAME.match(entry.name)
-            found.append(Submission(m["student"], m["lesson"], entry))
-        elif entry.is_dir() and not entry.name.startswith("."):
-            for nb in sorted(entry.glob("*.ipynb")):
-                m = FOLDER_NAME.match(nb.name)
-                if m:
-                    found.append(Submission(entry.name, m["lesson"], nb))
-    found = [s for s in found if lessons is None or s.lesson in lessons]
-    if not found:
-        raise GradingError(f"no submitted notebooks in {folder} (expected <student>/NN_name.ipynb or "
-                           f"<student>__NN_name.ipynb{', for lessons ' + ','.join(lessons) if lessons else ''})")
-    return found
 
 
 def expected_lessons(root: Path) -> dict[str, object]:

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from . import sandbox
 from .build import make_lesson, read
-from .grade import GradingError, Submission, default_root, grade_notebook
+from .grade import default_root, grade_notebook
+from .submissions import GradingError, Submission
 from .report import Record, first_line, write_json
 
 LESSON = re.compile(r"^(\d\d)_.*\.ipynb$")
