@@ -13,6 +13,7 @@ from minillm.lora import LoRARequest, gathered_delta, grouped_delta
 from minillm.models.reference import compare_greedy, transformers_twin
 
 peft = pytest.importorskip("peft")
+from lora_support import make_adapter  # noqa: E402 (after the skip)
 
 # (name, target modules, rank, alpha, rsLoRA): every linear is adapted by one of them, ranks differ
 ADAPTERS = [("qv", ["q_proj", "v_proj"], 4, 8, False),
@@ -20,19 +21,6 @@ ADAPTERS = [("qv", ["q_proj", "v_proj"], 4, 8, False),
             ("all", ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], 2, 4, False)]
 PROMPTS = [[1, 1597, 314, 2048, 21, 5, 99, 1000, 44], [1, 17, 23, 4000, 560, 2], [1, 9, 9, 9, 300, 301, 302, 303]]
 MAX_TOKENS = 8
-
-
-def make_adapter(hf_base, folder, targets, r, alpha, rslora, seed):
-    """A peft LoRA adapter on `hf_base` with seeded random non-zero B (peft starts B at zero), saved."""
-    config = peft.LoraConfig(r=r, lora_alpha=alpha, target_modules=targets, use_rslora=rslora, lora_dropout=0.0)
-    model = peft.get_peft_model(hf_base, config)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-    model.save_pretrained(folder)
-    model.unload()                          # the base back without LoRA layers for the next adapter
 
 
 @pytest.fixture(scope="module")

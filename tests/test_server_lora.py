@@ -14,7 +14,6 @@ import sys
 
 import httpx
 import pytest
-import torch
 from fastapi import FastAPI
 
 from minillm import LLM, SamplingParams
@@ -26,6 +25,7 @@ from minillm.server import lora_routes
 from minillm.server.lora_models import ServedAdapters, parse_lora_modules
 
 peft = pytest.importorskip("peft")
+from lora_support import make_adapter  # noqa: E402 (after the skip)
 openai = pytest.importorskip("openai")
 
 # (name, target modules, rank, alpha, rsLoRA)
@@ -35,18 +35,6 @@ ADAPTERS = [("sql", ["q_proj", "v_proj", "down_proj"], 4, 8, False),
 PROMPTS = [[1, 1597, 314, 2048, 21, 5, 99, 1000, 44], [1, 17, 23, 4000, 560, 2]]
 MAX_TOKENS = 8
 ENGINE = dict(max_loras=2, max_lora_rank=8, num_kv_blocks=128)
-
-
-def make_adapter(hf_base, folder, targets, r, alpha, rslora, seed):
-    """A peft LoRA adapter with seeded random non-zero B (peft starts B at zero), saved."""
-    config = peft.LoraConfig(r=r, lora_alpha=alpha, target_modules=targets, use_rslora=rslora, lora_dropout=0.0)
-    model = peft.get_peft_model(hf_base, config)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-    model.save_pretrained(folder)
 
 
 @pytest.fixture(scope="module")
