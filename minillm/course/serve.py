@@ -11,16 +11,13 @@ only be a wrong answer to the judge's current question.
 """
 from __future__ import annotations
 
-import ast
-import builtins
-import linecache
 import os
 import sys
 import traceback
 
 from . import wire
+from .cells import run_cells
 
-CELL_FILE = "<notebook cell {}>"
 NO_REPLY = object()
 
 
@@ -39,38 +36,6 @@ class Objects:
 
     def get(self, n: int, kind: str = ""):
         return self.by_id[n]
-
-
-def run_cells(job: dict) -> tuple[dict, dict[str, str]]:
-    """The namespace the lesson's imports and the exercise cells define, and exercise -> why its
-    cell failed when it ran again."""
-    ns = {"__name__": "__main__", "__builtins__": builtins}
-    for source in job["prelude"]:
-        try:
-            exec(compile(source, "<lesson imports>", "exec"), ns)
-        except BaseException:
-            pass
-    failed = {}
-    for cell in job["cells"]:
-        filename = CELL_FILE.format(cell["index"])
-        linecache.cache[filename] = (len(cell["source"]), None, cell["source"].splitlines(True), filename)
-        try:
-            tree = ast.parse(cell["source"], filename)
-        except SyntaxError as e:
-            for exercise in cell["exercises"]:
-                failed.setdefault(exercise, f"your exercise cell has a syntax error: {e.msg} (line {e.lineno})")
-            continue
-        for stmt in tree.body:
-            defines = isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import,
-                                        ast.ImportFrom, ast.Assign, ast.AnnAssign))
-            try:
-                exec(compile(ast.Module(body=[stmt], type_ignores=[]), filename, "exec"), ns)
-            except BaseException as e:
-                if defines:
-                    for exercise in cell["exercises"]:
-                        failed.setdefault(exercise, f"your exercise cell raised when it ran again for grading, "
-                                                    f"at line {stmt.lineno}: {type(e).__name__}: {e}")
-    return ns, failed
 
 
 def _mutable(value):

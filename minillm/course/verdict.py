@@ -29,19 +29,16 @@ determined cheat would need.
 """
 from __future__ import annotations
 
-import ast
 import builtins
 import importlib
 import json
-import linecache
 import os
 import sys
 import traceback
 import types
 
 from .answers import AnswerGuard, _innermost
-
-CELL_FILE = "<notebook cell {}>"
+from .cells import run_cells
 
 
 def _snapshot() -> dict:
@@ -198,38 +195,15 @@ def main() -> int:
         guard.install(check["exercise"], check["grader"], [m for ms in check["objects"].values() for m in ms or []])
     job_results = []
 
-    ns = {"__name__": "__main__", "__builtins__": builtins}
-    for source in job["prelude"]:
-        try:
-            exec(compile(source, "<lesson imports>", "exec"), ns)
-        except BaseException:
-            pass
     tampered: dict[str, list[str]] = {}
-    failed: dict[str, str] = {}
-    for cell in job["cells"]:
-        filename = CELL_FILE.format(cell["index"])
-        linecache.cache[filename] = (len(cell["source"]), None, cell["source"].splitlines(True), filename)
-        try:
-            tree = ast.parse(cell["source"], filename)
-        except SyntaxError as e:
-            for exercise in cell["exercises"]:
-                failed.setdefault(exercise, f"your exercise cell has a syntax error: {e.msg} (line {e.lineno})")
-            continue
-        for stmt in tree.body:
-            defines = isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import,
-                                        ast.ImportFrom, ast.Assign, ast.AnnAssign))
-            module = ast.Module(body=[stmt], type_ignores=[])
-            try:
-                exec(compile(module, filename, "exec"), ns)
-            except BaseException as e:                    # SystemExit and KeyboardInterrupt included
-                if defines:
-                    for exercise in cell["exercises"]:
-                        failed.setdefault(exercise, f"your exercise cell raised when it ran again for grading, "
-                                                    f"at line {stmt.lineno}: {type(e).__name__}: {e}")
+
+    def note_tampering(cell):                             # after each exercise cell ran
         changed = _changed(snap)
         if changed:
             for exercise in cell["exercises"]:
                 tampered.setdefault(exercise, []).extend(changed)
+
+    ns, failed = run_cells(job, after_cell=note_tampering)
     sys.stdout = sys.stderr
 
     for check in job["checks"]:
