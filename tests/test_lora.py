@@ -3,6 +3,9 @@ model, served in one mixed batch, token-exact against transformers + peft (PeftM
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -10,6 +13,8 @@ import torch
 from minillm import LLM, SamplingParams
 from minillm.checks.harness import tiny_model
 from minillm.lora import LoRARequest, gathered_delta, grouped_delta
+from minillm.lora.adapter import load_adapter
+from minillm.lora.packed_delta import LONG_SLOT, StepLayout, packed_delta
 from minillm.models.reference import compare_greedy, transformers_twin
 
 peft = pytest.importorskip("peft")
@@ -69,14 +74,18 @@ def check_against_peft(adapters, jobs, outs):
         compare_greedy(hf, prompt, list(ours), reference_tokens(hf, prompt))
 
 
-def test_mixed_batch_matches_peft_per_adapter(tiny, adapters):
+@pytest.mark.parametrize("delta", ["grouped", "packed"])
+def test_mixed_batch_matches_peft_per_adapter(tiny, adapters, delta):
+    """Both ways of adding the deltas (manager.DELTAS); the prompts' first step puts more than
+    LONG_SLOT rows on each adapter, so the packed path runs both its block and its lone slots."""
     model, tok = tiny
     loras = lora_requests(adapters)
-    jobs = [(p, lora) for p in PROMPTS for lora in [None, *loras.values()]]
+    jobs = [(p * 2, lora) for p in PROMPTS for lora in [None, *loras.values()]]
     llm = LLM(model, tokenizer=tok, enable_lora=True, max_loras=4, max_lora_rank=8, num_kv_blocks=256)
+    llm.llm_engine.lora.use_delta(delta)
     outs = run(llm, jobs)
     check_against_peft(adapters, jobs, outs)
-    base = {tuple(o.outputs[0].token_ids) for (p, lora), o in zip(jobs, outs) if p == PROMPTS[0]}
+    base = {tuple(o.outputs[0].token_ids) for (p, lora), o in zip(jobs, outs) if p == PROMPTS[0] * 2}
     assert len(base) == 4, "each adapter changes the answer (else the test could not tell them apart)"
     # logprobs: the chosen token's logprob equals peft's on the prompt + generated tokens
     (prompt, lora), out = jobs[3], outs[3]
@@ -110,13 +119,35 @@ def test_cache_isolation_and_slot_starvation(tiny, adapters):
     assert [list(o.token_ids) for o in out.outputs] == [want, want]
 
 
-def test_batched_delta_two_ways_agree():
+def test_batched_delta_three_ways_agree():
     g = torch.Generator().manual_seed(0)
     x, A, B = torch.randn(7, 5, generator=g), torch.randn(3, 2, 5, generator=g), torch.randn(3, 4, 2, generator=g)
     scale, slots = torch.tensor([0.5, 2.0, 1.0]), torch.tensor([0, -1, 2, 0, 1, -1, 2])
     want = torch.stack([torch.zeros(4) if s < 0 else scale[s] * B[s] @ (A[s] @ x[i]) for i, s in enumerate(slots)])
     torch.testing.assert_close(grouped_delta(x, A, B, scale, slots), want)
     torch.testing.assert_close(gathered_delta(x, A, B, scale, slots), want)
+    y = torch.randn(7, 4, generator=g)
+    packed_delta(x, y2 := y.clone(), A, [B], scale, StepLayout.build(slots.tolist(), "cpu"))
+    torch.testing.assert_close(y2, y + want)
+
+
+def test_packed_delta_sub_projections_and_lone_slots():
+    """Three sub-projections stacked (q/k/v), slot 1 with more than LONG_SLOT rows (runs alone),
+    slot 2 unused between used ones, base rows: each row's delta lands in its own sub's columns."""
+    g = torch.Generator().manual_seed(1)
+    S, r, n_in, outs = 5, 3, 6, [4, 2, 2]
+    A_cat, scale = torch.randn(S, 3 * r, n_in, generator=g), torch.rand(S, generator=g)
+    Bs = [torch.randn(S, o, r, generator=g) for o in outs]
+    slots = [0, -1, 3, 0, 3, -1] + [1] * (LONG_SLOT + 3) + [3]
+    x, y = torch.randn(len(slots), n_in, generator=g), torch.randn(len(slots), sum(outs), generator=g)
+    want = y.clone()
+    for i, s in enumerate(slots):
+        if s >= 0:
+            want[i] += torch.cat([scale[s] * Bs[k][s] @ (A_cat[s, k * r:(k + 1) * r] @ x[i]) for k in range(3)])
+    layout = StepLayout.build(slots, "cpu")
+    assert [s for s, _ in layout.long] == [1] and (layout.lo, layout.hi) == (0, 4) and not layout.dense
+    packed_delta(x, y, A_cat, Bs, scale, layout)
+    torch.testing.assert_close(y, want)
 
 
 def _rewrite_config(folder, tmp_path, **changes):
@@ -175,11 +206,79 @@ def test_lora_with_chunked_prefill_preemption_and_ngram_speculation(tiny, adapte
 
 
 def test_unsupported_combinations_are_refused_by_name(tiny):
+    """Each refusal a ValueError naming the field and the flags; quantization is not refused."""
     model, tok = tiny
-    for options, name in [(dict(quantization="int8"), "quantization"), (dict(compile=True), "compile"),
-                          (dict(speculative_config={"method": "self_draft", "num_speculative_tokens": 2}), "self_draft")]:
-        with pytest.raises(ValueError, match=f"enable_lora=True with .*{name}"):
+    cases = [(dict(tensor_parallel_size=2), "tensor_parallel_size", "--tensor-parallel-size"),
+             (dict(compile=True), "compile", "--compile"),
+             (dict(speculative_config={"method": "self_draft", "num_speculative_tokens": 2}), "speculative_config",
+              "'self_draft' (--speculative-config)"),
+             (dict(speculative_config={"method": "draft_model", "model": "tiny-llama", "num_speculative_tokens": 2}),
+              "speculative_config", "'draft_model' (--speculative-config)")]
+    for options, field, flag in cases:
+        with pytest.raises(ValueError, match=r"enable_lora=True \(--enable-lora\) with .*" + re.escape(flag)) as e:
             LLM(model, tokenizer=tok, enable_lora=True, num_kv_blocks=64, **options)
+        assert e.value.param == field
+
+
+def test_serve_refuses_an_unsupported_combination_at_startup():
+    r = subprocess.run([sys.executable, "-m", "minillm", "serve", "--model", "tiny-llama", "--port", "0",
+                        "--enable-lora", "--compile"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert "error: enable_lora=True (--enable-lora) with compile=True (--compile) is not supported" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def add_float_delta(engine_model, adapter):
+    """Forward hooks on a no-LoRA engine's (quantized) linears adding one adapter's float delta,
+    s * (x A^T) B^T, into each sub-projection's columns: the reference for quantized base + adapter."""
+    cfg = engine_model.config
+    q, kv, inter = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim, cfg.intermediate_size
+    columns = {"qkv_proj": [("q_proj", 0, q), ("k_proj", q, kv), ("v_proj", q + kv, kv)],
+               "o_proj": [("o_proj", 0, cfg.hidden_size)],
+               "gate_up_proj": [("gate_proj", 0, inter), ("up_proj", inter, inter)],
+               "down_proj": [("down_proj", 0, cfg.hidden_size)]}
+
+    def hook(i, parts):
+        def add(module, inputs, out):
+            out = out.clone()
+            for name, start, n in parts:
+                if (i, name) in adapter.weights:
+                    a, b = adapter.weights[(i, name)]
+                    out[..., start:start + n] += adapter.scaling * ((inputs[0] @ a.t()) @ b.t())
+            return out
+        return add
+    return [getattr(layer, attr).register_forward_hook(hook(i, parts))
+            for i, layer in enumerate(engine_model.model.layers) for attr, parts in columns.items()]
+
+
+@pytest.mark.parametrize("scheme,delta", [("int8", "grouped"), ("w4a8", "packed")])
+def test_quantized_base_with_float_adapters(tiny, adapters, scheme, delta):
+    """Quantized base weights, float adapters: in one batch mixing the base and two adapters, base
+    rows get the quantized engine's own no-LoRA tokens, adapter rows the tokens of that engine with
+    the adapter's float delta hooked onto its quantized linears (each adapter alone)."""
+    model, tok = tiny
+    loras = lora_requests(adapters)
+    jobs = [(p, lora) for p in PROMPTS for lora in (None, loras["qv"], loras["all"])]
+    opts = dict(quantization=scheme, num_kv_blocks=256, max_num_batched_tokens=32)    # <= 64 rows: one int8 kernel
+    llm = LLM(model, tokenizer=tok, enable_lora=True, max_loras=2, max_lora_rank=8, **opts)
+    llm.llm_engine.lora.use_delta(delta)
+    assert type(llm.llm_engine.model.model.layers[0].qkv_proj.base).__name__ != "Linear"
+    ours = [list(o.outputs[0].token_ids) for o in run(llm, jobs)]
+    plain = LLM(model, tokenizer=tok, **opts)
+    engine_model = plain.llm_engine.model
+    for lora in (None, loras["qv"], loras["all"]):
+        mine = [i for i, (_, lo) in enumerate(jobs) if lo == lora]
+        handles = [] if lora is None else add_float_delta(
+            engine_model, load_adapter(lora.lora_path, model.config.num_hidden_layers, llm.llm_engine.lora.shapes, 8))
+        want = [list(o.outputs[0].token_ids) for o in run(plain, [(jobs[i][0], None) for i in mine])]
+        for h in handles:
+            h.remove()
+        assert [ours[i] for i in mine] == want, f"{scheme} {lora and lora.lora_name}"
+    assert len({tuple(t) for t, (p, _) in zip(ours, jobs) if p == PROMPTS[0]}) == 3, "the adapters change the answer"
+    float_peft = [reference_tokens(adapters[lo.lora_name][1], p) for p, lo in jobs if lo is not None]
+    quant_lora = [t for t, (_, lo) in zip(ours, jobs) if lo is not None]
+    if scheme == "w4a8":
+        assert quant_lora != float_peft, "the reference must see the quantized base (else it could not tell)"
 
 
 @pytest.mark.slow

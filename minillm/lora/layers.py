@@ -6,6 +6,10 @@ sub-projections and adds each one's delta into its own output columns (q's into 
 H*D columns, k's into the next Hkv*D, ...). An adapter that targets q but not v leaves v's
 columns alone. The slots' A and B live in buffers on the model's device (batched_delta.py
 says why they are stacked); `StepRows` tells every wrapper which slot each row uses.
+
+The sub-projections' A are rank blocks of one tensor, `A_cat` [slots, K*r, in] (`A[k]` is a
+view of block k), so the packed path (packed_delta.py) shrinks all K at once; the wrapped
+linear may be any module computing x @ W.T, a quantized one too (the delta stays float).
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import torch
 from torch import nn
 
 from .batched_delta import grouped_delta
+from .packed_delta import StepLayout, packed_delta
 
 
 class StepRows:
@@ -22,6 +27,7 @@ class StepRows:
         self.scale = torch.zeros(max_loras, device=device)
         self.slot_of_row: torch.Tensor | None = None     # None: no row uses an adapter
         self.slots_present: list[int] = []
+        self.layout: StepLayout | None = None           # set: the packed path (packed_delta.py)
 
 
 class LoRALinear(nn.Module):
@@ -31,8 +37,9 @@ class LoRALinear(nn.Module):
         super().__init__()
         self.base, self.subs, self.rows = base, subs, rows
         device = rows.scale.device
-        self.A = nn.ParameterList([nn.Parameter(torch.zeros(max_loras, max_rank, in_features, device=device),
-                                                requires_grad=False) for _ in subs])
+        self.register_buffer("A_cat", torch.zeros(max_loras, len(subs) * max_rank, in_features, device=device),
+                             persistent=False)
+        self.A = [self.A_cat[:, k * max_rank:(k + 1) * max_rank] for k in range(len(subs))]   # views [slots, r, in]
         self.B = nn.ParameterList([nn.Parameter(torch.zeros(max_loras, out, max_rank, device=device),
                                                 requires_grad=False) for _, out in subs])
         self.targeted: list[set[int]] = [set() for _ in subs]    # slots whose adapter adapts sub k here
@@ -59,6 +66,10 @@ class LoRALinear(nn.Module):
         x2, y2 = x.reshape(-1, x.shape[-1]), y.view(-1, y.shape[-1])
         if x2.shape[0] != rows.slot_of_row.shape[0]:
             raise RuntimeError(f"LoRA: {x2.shape[0]} rows but the step named slots for {rows.slot_of_row.shape[0]}")
+        if rows.layout is not None:
+            if any(s in t for t in self.targeted for s in rows.slots_present):
+                packed_delta(x2, y2, self.A_cat, list(self.B), rows.scale, rows.layout)
+            return y
         start = 0
         for k, (_, out) in enumerate(self.subs):
             present = [s for s in rows.slots_present if s in self.targeted[k]]

@@ -6,6 +6,10 @@
 
 Built by `attach_lora` when EngineConfig.enable_lora is set; the engine's scheduler asks
 `admit` before it brings a sequence in, the runner calls `set_step` before each forward.
+
+Two ways to add the deltas, same numbers: "grouped" (batched_delta.grouped_delta, per adapter
+and sub-projection: the lesson's) and "packed" (packed_delta.py: a few calls per linear
+whatever the number of adapters). `DEFAULT_DELTA` picks one for new engines, `use_delta` switches one.
 """
 from __future__ import annotations
 
@@ -13,9 +17,13 @@ import torch
 
 from .adapter import TARGETS, LoRAAdapter, load_adapter
 from .layers import wrap_model
+from .packed_delta import StepLayout
 from .request import LoRARequest
 from .slots import AdapterSlots
 from ..utils.validate import refuse
+
+DELTAS = ("grouped", "packed")
+DEFAULT_DELTA = "grouped"
 
 
 class LoRAManager:
@@ -31,6 +39,13 @@ class LoRAManager:
         self.rows, self.layers = wrap_model(model, max_loras, max_lora_rank)
         self.adapters: dict[int, tuple[LoRARequest, LoRAAdapter]] = {}     # host memory, by lora_int_id
         self.slots = AdapterSlots(max_loras, self._load_slot)
+        self.delta = DEFAULT_DELTA
+
+    def use_delta(self, name: str) -> None:
+        """Add the deltas the "grouped" way or the "packed" way (module doc), from the next step on."""
+        if name not in DELTAS:
+            refuse("delta", f"the LoRA delta is one of {', '.join(DELTAS)}, got {name!r:.40}")
+        self.delta = name
 
     def register(self, lora_request) -> None:
         """Load the adapter into host memory (once per id), or refuse it with a ValueError naming the field."""
@@ -70,11 +85,12 @@ class LoRAManager:
         rows = self.rows
         slots = [] if scheduled is None else [self._slot(seq) for seq, _ in scheduled]
         if not any(s >= 0 for s in slots):
-            rows.slot_of_row, rows.slots_present = None, []
+            rows.slot_of_row, rows.slots_present, rows.layout = None, [], None
             return
         per_row = [s for s, (_, n) in zip(slots, scheduled) for _ in range(n)]
         rows.slot_of_row = torch.tensor(per_row, device=rows.scale.device)
         rows.slots_present = sorted({s for s in slots if s >= 0})
+        rows.layout = StepLayout.build(per_row, rows.scale.device) if self.delta == "packed" else None
 
     def _slot(self, seq) -> int:
         lora = getattr(seq, "lora_request", None)
@@ -88,14 +104,23 @@ class LoRAManager:
 
 
 def refuse_lora_combinations(config) -> None:
-    """What enable_lora does not combine with yet, refused by name before anything is built."""
+    """What enable_lora does not combine with yet, refused by name before anything is built.
+    Quantized base weights do combine: a LoRALinear wraps the quantized linear (layers.py)."""
     spec = config.speculative_config
-    for on, what in ((config.tensor_parallel_size > 1, "tensor_parallel_size > 1"),
-                     (config.quantization is not None, "quantization"),
-                     (config.compile, "compile"),
-                     (spec is not None and spec.method != "ngram", f"speculative_config method {getattr(spec, 'method', '')!r}")):
+    method = getattr(spec, "method", None)
+    why = {"tensor_parallel_size": (config.tensor_parallel_size > 1,
+                                    f"tensor_parallel_size={config.tensor_parallel_size} (--tensor-parallel-size)",
+                                    "the adapters' A and B are not sharded across ranks like their base linears; "
+                                    "serve adapters with --tensor-parallel-size 1"),
+           "compile": (config.compile, "compile=True (--compile)",
+                       "the compiled decode graph has no per-row LoRA delta; drop --compile"),
+           "speculative_config": (spec is not None and method != "ngram",
+                                  f"speculative_config method {method!r} (--speculative-config)",
+                                  "its draft would run without the request's adapter; use method 'ngram' "
+                                  "(drafts from the prompt, verified with the adapter) or no speculation")}
+    for field, (on, what, fix) in why.items():
         if on:
-            refuse("enable_lora", f"enable_lora=True with {what} is not supported (yet): drop one of them")
+            refuse(field, f"enable_lora=True (--enable-lora) with {what} is not supported: {fix}")
 
 
 def register_lora(manager: LoRAManager | None, lora_request) -> None:
