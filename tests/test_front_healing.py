@@ -75,7 +75,7 @@ def test_the_front_refuses_a_clients_bad_request_itself(front):
     assert counter(front, "router_replica_failures") == failures
     assert all(r["up"] for r in replicas(front))
     assert httpx.get(front.url + "/health").json() == {"status": "ok", "replicas": 2, "replicas_up": 2,
-                                                       "restarting": [], "failed": []}
+                                                       "restarting": [], "failed": [], "external": []}
     assert httpx.get(front.url + "/live").status_code == 200
     time.sleep(2)                                                  # two rounds of the front's health checks
     for state in replicas(front):                                 # none of them in a replica's access log
@@ -174,7 +174,7 @@ def test_a_front_whose_replicas_cannot_start_gives_up():
         r = httpx.get(server.url + "/health")
         assert r.status_code == 503 and "retry-after" not in r.headers
         assert r.json() == {"status": "unavailable", "replicas": 2, "replicas_up": 0, "restarting": [],
-                            "failed": [0, 1]}
+                            "failed": [0, 1], "external": []}
         assert [s["state"] for s in httpx.get(server.url + "/replicas").json()["replicas"]] == ["failed"] * 2
         assert 'minillm:router_replica_restarts_total{replica="1"} 2.0' in httpx.get(server.url + "/metrics").text
         r = httpx.post(server.url + "/v1/completions", json={"prompt": "Hi"})
@@ -230,7 +230,7 @@ def test_a_big_body_is_read_for_routing_off_the_event_loop():
         tick = asyncio.create_task(ticker())
         try:
             assert await reader("/v1/completions", b'{"prompt": "Hi"}') == "Hi" and reader.pool is None
-            assert await asyncio.gather(*(reader("/v1/completions", big) for _ in range(3))) == ["7 "] * 3
+            assert await asyncio.gather(*(reader("/v1/completions", big) for _ in range(3))) == ["m\n7 "] * 3
             assert reader.pool is not None
             with pytest.raises(TooDeep):
                 await reader("/v1/completions", deep)

@@ -141,12 +141,13 @@ def test_lora_modules_flag_forms():
 
 
 def test_serve_refuses_bad_lora_flags_before_listening():
-    """A missing adapter folder, --lora-modules without --enable-lora, LoRA with data parallelism:
-    each an error naming what is wrong, exit 2, before the server listens."""
+    """A missing adapter folder (for one server or a data-parallel front), --lora-modules without
+    --enable-lora: each an error naming what is wrong, exit 2, before the server listens."""
     import subprocess
     serve = [sys.executable, "-m", "minillm", "serve", "--model", "tiny-llama", "--port", "0"]
     for flags, said in ((["--enable-lora", "--lora-modules", "x=/nowhere/adapter"], "lora_path: no such adapter"),
                         (["--lora-modules", "x=/nowhere"], "--lora-modules needs --enable-lora"),
-                        (["--enable-lora", "--data-parallel-size", "2"], "--data-parallel-size > 1 is not supported")):
+                        (["--enable-lora", "--lora-modules", "x=/nowhere/adapter", "--data-parallel-size", "2"],
+                         "lora_path: no such adapter")):                       # the front checks before starting any
         r = subprocess.run(serve + flags, capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and said in r.stderr, (flags, r.returncode, r.stderr[-500:])

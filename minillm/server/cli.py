@@ -58,6 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "end with an error (a silent replica, not a slow generation)")
     p.add_argument("--max-replica-restarts", type=int, default=MAX_RESTARTS,
                    help="times in a row the front starts a replica that exited again, with backoff (0: never)")
+    p.add_argument("--replica-url", action="append", default=None, metavar="URL",
+                   help="a running `minillm serve` (any machine) the front routes to beside its own replicas "
+                        "(repeatable; health-checked, never restarted; requests are forwarded to it as they came)")
     p.add_argument("--exit-with-parent", action="store_true", help=argparse.SUPPRESS)   # a replica's lifeline
     p.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
                    help="LoRA adapters served by name (needs --enable-lora): name=path or "
@@ -67,10 +70,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args) -> int:
-    if args.data_parallel_size < 1 or args.router_load_bound < 0:
-        raise ValueError("--data-parallel-size must be >= 1 and --router-load-bound >= 0")
-    if args.router_policy is not None and args.data_parallel_size == 1:
-        raise ValueError("--router-policy routes between replicas: it needs --data-parallel-size 2 or more")
+    front = args.data_parallel_size > 1 or bool(args.replica_url)      # replicas behind a routing front
+    if args.data_parallel_size < (0 if args.replica_url else 1) or args.router_load_bound < 0:
+        raise ValueError("--data-parallel-size must be >= 1 (>= 0 with --replica-url) and --router-load-bound >= 0")
+    if args.router_policy is not None and args.data_parallel_size + len(args.replica_url or []) < 2:
+        raise ValueError("--router-policy routes between replicas: it needs --data-parallel-size 2 or more "
+                         "(or --replica-url)")
     if args.exit_with_parent:
         exit_with_parent()
     if args.max_request_body_bytes < 1 or (args.max_waiting_requests is not None and args.max_waiting_requests < 0):
@@ -81,10 +86,7 @@ def main(args) -> int:
     lora_modules = parse_lora_modules(args.lora_modules)
     if lora_modules and not args.enable_lora:
         raise ValueError("--lora-modules needs --enable-lora")
-    if args.enable_lora and args.data_parallel_size > 1:
-        raise ValueError("--enable-lora with --data-parallel-size > 1 is not supported yet: the replicas would "
-                         "each need the same adapters loaded and unloaded together; use one server")
-    if args.data_parallel_size > 1:
+    if front:                                                # LoRA too: every replica gets the adapters
         from .data_parallel.main import main as serve_data_parallel
         return serve_data_parallel(args)
     import torch

@@ -1,7 +1,8 @@
 """The front's routes: one OpenAI endpoint over N replicas.
 
     POST /v1/completions, /v1/chat/completions   routed (router.py), forwarded (proxy.py)
-    GET  /v1/models                               the first replica up answers
+    GET  /v1/models, /v1/models/{id}              the first replica up answers (adapters included)
+    POST /v1/load_lora_adapter, /v1/unload_lora_adapter   to every replica, when allowed (adapters.py)
     GET  /health     readiness: 200 while at least one replica is in rotation, its body saying
                      "ok" (all of them) or "degraded" (fewer: n of N up, which are restarting);
                      503 when none is (Retry-After while one restarts): send no traffic here
@@ -10,6 +11,7 @@
                      orchestrator restarts the front only when it is wedged or gone
     GET  /metrics                                 every replica's metrics, totals, the router's (metrics.py)
     GET  /replicas                                the router's view: url, pid, state, in flight, routed
+                                                  (external: given by URL, never restarted here)
 
 The front does no model work, and the little CPU work it does (parsing a body, hashing a
 prompt, merging metrics) runs in worker threads, so its event loop only moves bytes.
@@ -27,6 +29,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from ..errors import install_error_handlers
 from ..guards import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES, Guards
+from . import adapters
 from .door import HeaderLimit
 from .healing import BACKOFF, MAX_RESTARTS, Healer
 from .health import INTERVAL, REPLICA_TIMEOUT, HealthMonitor
@@ -41,11 +44,13 @@ RETRY_AFTER = 5                 # seconds, in a 503 of /health while a replica r
 def build_front_app(replicas, router: Router, *, api_key: str | None = None,
                     max_request_body_bytes: int = DEFAULT_MAX_BODY_BYTES, body_timeout: float = DEFAULT_BODY_TIMEOUT,
                     health_interval: float = INTERVAL, replica_timeout: float = REPLICA_TIMEOUT,
-                    max_restarts: int = MAX_RESTARTS, restart_backoff: float = BACKOFF, on_all_failed=None) -> FastAPI:
+                    max_restarts: int = MAX_RESTARTS, restart_backoff: float = BACKOFF, on_all_failed=None,
+                    launcher=None) -> FastAPI:
     """An app routing between `replicas` (replicas.Replica, already answering /health).
     Starting and stopping their processes is the caller's business (main.py); restarting one
-    that exited is the app's, when the replica has a launcher (healing.py). `on_all_failed()`
-    runs when every replica has used its `max_restarts`."""
+    that exited is the app's, when the replica has a launcher (healing.py; one given by URL has
+    none). `on_all_failed()` runs when every replica has used its `max_restarts`. `launcher`
+    remembers the LoRA adapters loaded at runtime, for the replicas it starts again (adapters.py)."""
     metrics = RouterMetrics(router)
     healer = Healer(replicas, metrics, max_restarts, restart_backoff, on_all_failed=on_all_failed)
     state: dict = {}
@@ -84,6 +89,12 @@ def build_front_app(replicas, router: Router, *, api_key: str | None = None,
     async def models(request: Request):
         return await state["proxy"].forward_any(request)
 
+    @app.get("/v1/models/{model_id:path}")
+    async def model(request: Request, model_id: str):
+        return await state["proxy"].forward_any(request)
+
+    adapters.install(app, replicas, lambda: state["proxy"].client, launcher)
+
     @app.get("/health")
     async def health():
         summary = state["health"].summary()
@@ -114,7 +125,8 @@ def build_front_app(replicas, router: Router, *, api_key: str | None = None,
     @app.get("/replicas")
     async def replica_states():
         return JSONResponse({"policy": router.policy, "load_bound": router.load_bound, "replicas": [
-            {"index": r.index, "url": r.url, "pid": r.pid, "log": r.log, "up": router.up[r.index],
+            {"index": r.index, "url": r.url, "external": r.external, "pid": r.pid, "log": r.log,
+             "up": router.up[r.index],
              "state": replica_state(r.index), "restarts": healer.state[r.index].restarts,
              "in_flight": router.in_flight[r.index], "routed": router.routed[r.index]} for r in replicas]})
 

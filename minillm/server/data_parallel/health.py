@@ -1,6 +1,6 @@
 """Which replicas are in rotation: a replica whose process exited, or whose /health does not
 answer 200, is out; one that answers again is back in. One that exited is started again
-(healing.py).
+(healing.py); one given by URL (remote.py) is checked the same way but never restarted.
 
 The front checks every replica each `interval` seconds, and at once when a request to one
 fails (`lost`), so a replica that dies stops getting requests by the next one, not seconds
@@ -86,8 +86,9 @@ class HealthMonitor:
             log.error("%s has not answered for %.0f s: its requests in flight end with an error",
                       replica.describe(), now - self.last_answer[i])
         if self.router.set_up(i, up):
-            log.warning("%s is %s", replica.describe(), "back in rotation" if up else "out of rotation: "
-                        "/health does not answer 200")
+            log.warning("%s is %s%s", replica.describe(), "back in rotation" if up else "out of rotation: "
+                        "/health does not answer 200", "" if up or not replica.external else
+                        " (this front did not start it and never restarts it: whoever started it must)")
         return up
 
     async def lost(self, i: int, error: Exception) -> None:
@@ -101,4 +102,6 @@ class HealthMonitor:
         restarting = [i for i in range(n) if self.healer and self.healer.restarting(i) and i not in up]
         failed = [i for i in range(n) if self.healer and self.healer.state[i].failed]
         status = "ok" if len(up) == n else "degraded" if up else "unavailable"
-        return {"status": status, "replicas": n, "replicas_up": len(up), "restarting": restarting, "failed": failed}
+        external = [r.index for r in self.replicas if r.external]       # given by URL: never restarted here
+        return {"status": status, "replicas": n, "replicas_up": len(up), "restarting": restarting, "failed": failed,
+                "external": external}

@@ -8,6 +8,8 @@ and first turns share a prefix, as their templated token ids will. A body it can
 gives None: the request still goes to a replica (the least loaded), which answers the error;
 except a body nested deeper than Python's parser goes (RecursionError, which a replica answers
 with a 400 too): that one the front refuses itself (TooDeep), before it costs a replica anything.
+The text starts with the request's `model`: a LoRA adapter's KV cache is its own (the engine's
+block hashes include the adapter), so the same prompt under another adapter is another prefix.
 """
 from __future__ import annotations
 
@@ -28,8 +30,11 @@ def routing_text(path: str, body: bytes) -> str | None:
     if not isinstance(request, dict):
         return None
     if path.endswith("/chat/completions"):
-        return chat_text(request.get("messages"))
-    return prompt_text(request.get("prompt"))
+        text = chat_text(request.get("messages"))
+    else:
+        text = prompt_text(request.get("prompt"))
+    model = request.get("model")
+    return f"{model}\n{text}" if text is not None and isinstance(model, str) else text
 
 
 def prompt_text(prompt) -> str | None:

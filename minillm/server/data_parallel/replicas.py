@@ -15,6 +15,7 @@ remembers how replica i was started, so the front can start it again (healing.py
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -30,6 +31,7 @@ import httpx
 from ...cli.engine_args import engine_argv
 from ...utils.ports import free_port
 from ..chat_setup import chat_argv
+from ..lora_models import parse_lora_modules
 from .lifeline import LOG_VARIABLE
 
 READY_TIMEOUT = 600.0          # seconds for every replica to load its model and answer /health
@@ -40,11 +42,16 @@ REPLICA_KEEP_ALIVE = 60.0      # replicas keep idle connections longer than the 
 class Replica:
     index: int
     url: str
-    process: subprocess.Popen | None = None     # None: a server someone else started (tests)
+    process: subprocess.Popen | None = None     # None: a server someone else started (remote.py)
     log: str | None = None
     launcher: "Launcher | None" = field(default=None, repr=False)   # None: cannot be restarted
     exit_reported: bool = field(default=False, repr=False)
     terminated: bool = field(default=False, repr=False)     # sent SIGTERM: draining (a second one is "now")
+
+    @property
+    def external(self) -> bool:
+        """Given by URL (remote.py): the front checks it but never starts or restarts it."""
+        return self.launcher is None
 
     @property
     def pid(self) -> int | None:
@@ -54,12 +61,16 @@ class Replica:
         return self.process is not None and self.process.poll() is not None
 
     def describe(self) -> str:
-        return f"replica {self.index} ({self.url}" + (f", pid {self.pid}" if self.process else "") + ")"
+        where = f", pid {self.pid}" if self.process else ", given by URL" if self.external else ""
+        return f"replica {self.index} ({self.url}{where})"
 
 
-def replica_argv(args, port: int) -> list[str]:
-    """`minillm serve` for one replica: the front's model, engine and chat flags, server limits."""
+def replica_argv(args, port: int, lora_modules: dict[str, str] | None = None) -> list[str]:
+    """`minillm serve` for one replica: the front's model, engine and chat flags, server limits,
+    and the LoRA adapters it serves now (`lora_modules`: those of --lora-modules, and loaded since)."""
     argv = [sys.executable, "-m", "minillm", "serve", "--port", str(port)] + engine_argv(args) + chat_argv(args)
+    if lora_modules:                          # vLLM's JSON form: a name or path with '=' stays whole
+        argv += ["--lora-modules"] + [json.dumps({"name": n, "path": p}) for n, p in lora_modules.items()]
     if args.model:
         argv += ["--model", args.model]
     if args.served_model_name:
@@ -103,6 +114,7 @@ class Launcher:
         self.own_dir = log_dir is None
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="minillm-replicas-")
         self.stopping = False
+        self.lora_modules = dict(parse_lora_modules(getattr(args, "lora_modules", None)))   # adapters.py updates it
         self.lock = threading.Lock()        # a restart (a worker thread) against a stop (signal_replicas)
 
     def start(self, i: int) -> Replica:
@@ -122,7 +134,7 @@ class Launcher:
         return True
 
     def argv(self, port: int) -> list[str]:
-        return replica_argv(self.args, port)
+        return replica_argv(self.args, port, self.lora_modules)
 
     def env(self, index: int) -> dict:
         return {**replica_env(index, self.n, self.args.api_key, self.gpus),
