@@ -12,7 +12,8 @@ rest with an error in OpenAI's shape, which the front relays while it drains its
 Meanwhile a replica that exits is started again (healing.py, up to --max-replica-restarts in a
 row), and one silent for --replica-timeout seconds has its requests ended (health.py); when
 every replica has failed for good, the front shuts down and exits 1. The replicas' logs go
-to one temporary directory, removed with them.
+to one temporary directory, removed with them. Replicas given by URL are checked at startup
+(remote.py) and never signalled, stopped or restarted: the front did not start them.
 """
 from __future__ import annotations
 
