@@ -10,6 +10,7 @@
     python -m minillm bench spec [--model M] [--max-tokens 96] [--json FILE] [--quick] [engine flags]
     python -m minillm bench overhead [--batch 1 8 64] [--context 128] [--profile N] [--json FILE] [engine flags]
     python -m minillm bench tp [--model M] [--sizes 1 3] [--batch 8] [--json FILE] [--quick]
+    python -m minillm bench lora [--model M] [--adapters 1 4 16] [--delta grouped packed] [--json FILE] [--quick]
 
 Engine flags: every EngineConfig field (--block-size, --enable-prefix-caching, ...; see `--help`
 of a command, and minillm/cli/engine_args.py).
@@ -22,7 +23,7 @@ import sys
 
 def build_parser() -> argparse.ArgumentParser:
     """Every command's parser; each sets `func`, what runs the parsed command."""
-    from .bench import kv_cache, overhead, quant, roofline, serve, spec, throughput, tp
+    from .bench import kv_cache, lora, overhead, quant, roofline, serve, spec, throughput, tp
     from .cli import chat, generate
     from .server import cli as serve_cli
 
@@ -44,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
                                ("quant", quant, "float32 vs int8 vs int4 weights (and llama.cpp): decode, floors"),
                                ("spec", spec, "speculative decoding (n-gram) vs none and transformers' prompt lookup"),
                                ("overhead", overhead, "the engine's own time per decode step, outside the forward"),
-                               ("tp", tp, "tensor parallelism: step time split into compute and collectives, bytes")):
+                               ("tp", tp, "tensor parallelism: step time split into compute and collectives, bytes"),
+                               ("lora", lora, "batched LoRA over 1/4/16 adapters vs the base model vs merged copies")):
         p = bsub.add_parser(name, help=text)
         module.add_arguments(p)
         p.set_defaults(func=lambda a, module=module: (module.main(a), 0)[1])
