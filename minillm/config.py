@@ -120,6 +120,7 @@ SCHEDULING_POLICIES = ("fcfs", "priority")      # lesson 05: order by arrival, o
 PREEMPTION_MODES = ("recompute", "swap")        # lesson 06: what a preempted sequence does with its KV
 DTYPES = ("auto", "float32", "float16", "bfloat16")   # "auto": models/loader.py resolve_dtype
 DEVICES = ("cpu", "cuda")
+LOAD_FORMATS = ("auto", "dummy")                # "dummy": seeded random weights of the shape (models/dummy.py)
 DEFAULT_CHUNKED_BUDGET = 2048                   # tokens per step with chunked prefill, as vLLM
 
 
@@ -168,6 +169,9 @@ class EngineConfig(Validated):
                                       "when there is one)")
     dtype: str | None = option("auto", "auto (bfloat16 or float16 on a GPU, float32 on CPU, for weights "
                                        "minillm loads), float32, float16 or bfloat16")
+    load_format: str = option("auto", "auto: the model's weights; dummy: seeded random weights of its shape, "
+                                      "nothing downloaded (--model a preset such as llama-3.2-1b, or a "
+                                      "config.json; models/dummy.py): for speed measurements only")
     compile: bool = option(False, "decode steps through torch.compile, one graph per batch-size bucket")
     enforce_eager: bool = option(False, "on CUDA: no CUDA graphs for decode steps")
     quantization: str | None = option(None, "weight-only linears: a registered linear backend (int8, int4, "
@@ -177,6 +181,12 @@ class EngineConfig(Validated):
                                                    "(minillm/spec/config.py lists the keys)")
     tensor_parallel_size: int = option(1, "ranks the model's layers are sharded over, one process each "
                                           "(gloo on CPU, NCCL on CUDA; minillm/distributed/)")
+    pipeline_parallel_size: int = option(1, "stages the decoder layers are split into (balanced by cost), "
+                                            "each in its own rank(s), hidden states passed on (minillm/distributed/)")
+    nnodes: int = option(1, "machines the tensor x pipeline ranks run on (node 0: the engine and the API)")
+    node_rank: int = option(0, "this machine's node (0: the head; others run headless ranks: README, multi-node)")
+    dist_init_addr: str | None = option(None, "HOST:PORT of node 0's rendezvous (torch.distributed TCPStore); "
+                                              "ranks bind only to their node's address")
     enable_lora: bool = option(False, "serve LoRA adapters (peft's format) beside the base model, per request "
                                       "(minillm/lora/)")
     max_loras: int = option(1, "with enable_lora: adapters in the model's slots at once (others wait in host memory)")
@@ -184,13 +194,18 @@ class EngineConfig(Validated):
 
     def validate(self) -> None:
         name = "EngineConfig"
-        for field_name in ("block_size", "max_num_seqs", "tensor_parallel_size", "max_loras", "max_lora_rank"):
+        for field_name in ("block_size", "max_num_seqs", "tensor_parallel_size", "pipeline_parallel_size", "nnodes",
+                           "max_loras", "max_lora_rank"):
             check_int(name, field_name, getattr(self, field_name), minimum=1)
         for field_name in ("num_kv_blocks", "kv_cache_memory_bytes", "max_num_batched_tokens",
                            "max_model_len", "swap_space"):
             check_int(name, field_name, getattr(self, field_name), minimum=1, optional=True)
         for field_name in ("enable_prefix_caching", "enable_chunked_prefill"):
             check_bool(name, field_name, getattr(self, field_name))
+        check_int(name, "node_rank", self.node_rank, minimum=0)
+        if self.node_rank >= self.nnodes or (self.nnodes > 1 and not self.dist_init_addr):
+            fail(name, "node_rank/dist_init_addr", "node_rank < nnodes, and dist_init_addr HOST:PORT when nnodes > 1",
+                 (self.node_rank, self.nnodes, self.dist_init_addr))
         check_bool(name, "compile", self.compile)
         check_bool(name, "enable_lora", self.enable_lora)
         check_bool(name, "enforce_eager", self.enforce_eager)
@@ -198,6 +213,7 @@ class EngineConfig(Validated):
         check_choice(name, "preemption_mode", self.preemption_mode, PREEMPTION_MODES)
         check_choice(name, "attention_backend", self.attention_backend, ("auto", *ATTENTION_BACKENDS.names()))
         check_choice(name, "dtype", self.dtype, DTYPES, optional=True)
+        check_choice(name, "load_format", self.load_format, LOAD_FORMATS)
         check_choice(name, "quantization", self.quantization, sorted(LINEAR_BACKENDS.names()), optional=True)
         object.__setattr__(self, "speculative_config", SpeculativeConfig.coerce(self.speculative_config))
         if self.device is not None:

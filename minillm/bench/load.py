@@ -50,7 +50,8 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: s
 
 
 async def run_load(url: str, model: str, prompts: list[tuple[str, int]], rate: float, max_concurrency: int,
-                   seed: int, structured: bool = False) -> tuple[list[dict], float]:
+                   seed: int, structured: bool = False, extra: dict | None = None) -> tuple[list[dict], float]:
+    """`extra`: more fields for every request's body (e.g. {"ignore_eos": True})."""
     from .structured import response_format
     gate = asyncio.Semaphore(max_concurrency)
     times = poisson_arrivals(len(prompts), rate, seed)
@@ -58,7 +59,7 @@ async def run_load(url: str, model: str, prompts: list[tuple[str, int]], rate: f
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
         start = time.perf_counter()
         results = await asyncio.gather(*[one_request(client, url, model, p, n, t, start, gate,
-                                                     response_format(i) if structured else None)
+                                                     {**(extra or {}), **(response_format(i) if structured else {})})
                                          for i, ((p, n), t) in enumerate(zip(prompts, times))])
     return results, time.perf_counter() - start
 

@@ -2,7 +2,8 @@
 (eager, and compiled with `--compile`), and llama.cpp on the same model's GGUF, one engine at a
 time in one run.
 
-    python -m minillm bench quant [--model M] [--quick] [--json FILE] [--against llama.cpp] [--compile]
+    python -m minillm bench quant [--model M | --model-shape S | --hf-config F] [--quick] [--json FILE]
+                                  [--against llama.cpp] [--compile]
                                   [engine flags: --quantization int8, --max-num-seqs 1, ...]
 
 The engine flags are cli/engine_args.py's, with two read as the rows to run: `--compile` adds
@@ -48,12 +49,11 @@ import torch
 
 from ..cli.engine_args import NO_QUANTIZATION, add_engine_arguments, engine_config_from_args
 from ..engine.engine import LLMEngine
-from ..models import load_model
-from ..models.embedded import EMBEDDED_NAME, GGUF_FILE
 from ..sampling_params import SamplingParams
 from .against_llama_cpp import (BATCH1_RUNS, LLAMA_CPP_HINT, LLAMA_CPP_ROW, batched_label,  # noqa: F401
                                 batch1_llama_cpp, find_llama_cpp, measure_rest_llama_cpp, ratio_line)
 from .ceiling import read_bandwidth_bytes_per_second
+from .model_args import add_model_arguments, is_dummy_run, label, load, print_header, resolve_model_args
 from .prefill import prefill_prompts, timed_prefill
 from .throughput import background_load, make_workload
 
@@ -139,7 +139,7 @@ def row_quantizations(args) -> tuple[str, ...]:
 def build_minillm(args, quantization, compiled) -> dict:
     """One configuration's engine, its compiled buckets built, warmed up; its batch-1 runs come later."""
     config = engine_config_from_args(args, compile=compiled, quantization=quantization)
-    model, tokenizer = load_model(args.model, device=config.device, dtype=config.dtype)
+    model, tokenizer = load(args, device=config.device, dtype=config.dtype)
     engine = LLMEngine(model, tokenizer, config)
     compile_s = compile_every_bucket(engine) if compiled else 0.0
     fell_back = getattr(getattr(engine.runner.run_decode, "__self__", None), "failed", False)
@@ -203,9 +203,12 @@ def print_table(report: dict) -> None:
 def main(args) -> dict:
     torch.manual_seed(0)
     notes = []
+    resolve_model_args(args)
     config = engine_config_from_args(args)               # a bad flag fails here, before loading
-    llama_cpp, path = find_llama_cpp(args.model, notes) if args.against == LLAMA_CPP_ROW else (None, None)
-    model, tokenizer = load_model(args.model, device="cpu")
+    print_header(args)
+    llama_cpp, path = (find_llama_cpp(args.model, notes, args.load_format) if args.against == LLAMA_CPP_ROW
+                       else (None, None))
+    model, tokenizer = load(args, device="cpu")
     prompt_ids, vocab_size = tokenizer.encode(PROMPT_TEXT), model.config.vocab_size
     del model                                            # each configuration loads its own
     args.decode_tokens = args.decode_tokens or (32 if args.quick else 128)
@@ -237,7 +240,7 @@ def main(args) -> dict:
         rows[name] |= measure_rest(rows[name].pop("engine"), workload, prompts)
         gc.collect()        # the engine just measured holds reference cycles: free it before the next one runs
     if llama is not None:
-        print(f"measuring {LLAMA_CPP_ROW} ({GGUF_FILE}): throughput workload, prefill...", flush=True)
+        print(f"measuring {LLAMA_CPP_ROW} ({path.name}): throughput workload, prefill...", flush=True)
         rows[LLAMA_CPP_ROW] |= measure_rest_llama_cpp(llama_cpp, path, workload, prompts, config.max_num_seqs)
     notes += [f"{k}: torch.compile failed, the step ran eagerly (see the warning above)"
               for k, r in rows.items() if r.get("compile_failed")]
@@ -257,7 +260,7 @@ def main(args) -> dict:
               "greedy_agreement_with_float32": {k: agreement(r["tokens"], rows["float32"]["tokens"])
                                                 for k, r in rows.items()},
               "machine": machine_info(bandwidth, llama_cpp, load_at_start),
-              "settings": {"model": args.model or EMBEDDED_NAME, "prompt_tokens": len(prompt_ids),
+              "settings": {"model": label(args), "dummy_weights": is_dummy_run(args), "prompt_tokens": len(prompt_ids),
                            "decode_tokens": args.decode_tokens, "num_prompts": len(workload), "seed": args.seed,
                            "quick": args.quick, "prefill_tokens": len(prompts[0]),
                            "engine_options": dataclasses.asdict(config),
@@ -265,6 +268,8 @@ def main(args) -> dict:
                            if LLAMA_CPP_ROW in rows else None},
               "notes": notes}
     print_table(report)
+    if is_dummy_run(args):
+        print(f"  model: {label(args)}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
@@ -272,7 +277,7 @@ def main(args) -> dict:
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--model", default=None)
+    add_model_arguments(p)
     p.add_argument("--quick", action="store_true", help="a small workload and fewer decode tokens")
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--against", choices=[LLAMA_CPP_ROW], default=None,

