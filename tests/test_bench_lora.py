@@ -87,3 +87,11 @@ def test_cli_quick_run_writes_its_json(tmp_path):
     report = json.loads(path.read_text())
     assert [row["name"] for row in report["rows"]] == ["base model", "LoRA batched, packed", "merged, one after another"]
     assert report["rows"][1]["same_tokens_as_merged"] >= 3     # all 4 here; one may be a rounding tie elsewhere
+
+
+def test_ops_per_decode_step_are_counted(report):
+    """The dispatcher's count of one decode step (the same on every machine): adapters add
+    operations, the packed delta fewer than the grouped one (a few calls per linear, not per adapter)."""
+    ops = report[2]["ops_per_decode_step"]
+    assert ops["adapters"] == 3 and ops["batch"] == 6
+    assert ops["base"] < ops["packed"] < ops["grouped"]

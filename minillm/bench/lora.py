@@ -112,6 +112,26 @@ def run_merged(model, tokenizer, config, workload, adapters, n: int, base_tok_s:
     return row("merged, one after another", n, seconds, workload, tokens, base_tok_s, build_seconds=built)
 
 
+def ops_per_decode_step(model, tokenizer, config, adapters, n: int, delta: str | None, batch: int) -> int:
+    """Operations the dispatcher sees in one decode step of `batch` requests spread over n adapters
+    (delta None: the base engine, no adapter): a count, the same on every machine."""
+    from .op_count import CountOps
+    lora = dict(enable_lora=True, max_loras=n, max_lora_rank=max(a["rank"] for a in adapters[:n])) if delta else {}
+    engine = LLMEngine(model, tokenizer, dataclasses.replace(config, max_num_seqs=max(batch, config.max_num_seqs), **lora))
+    if delta:
+        engine.lora.use_delta(delta)
+    for i in range(batch):
+        a = adapters[i % n]
+        engine.add_request(f"ops-{i}", [1000 + i, 1001, 1002, 1003], SamplingParams(temperature=0, max_tokens=4,
+                           ignore_eos=True), lora_request=LoRARequest(a["name"], i % n + 1, a["path"]) if delta else None)
+    engine.step()                                        # every prompt prefilled: the next steps decode
+    engine.step()
+    with CountOps() as counter:
+        engine.step()
+    engine.shutdown()
+    return sum(counter.counts.values())
+
+
 def shapes(c) -> dict:
     q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
     h, i = c.hidden_size, c.intermediate_size
@@ -149,7 +169,13 @@ def run_bench(model, tokenizer, config, workload, counts, deltas, seed=0, std=0.
                 print_row(r)
             rows.append(merged)
             print_row(merged)
-        return {"rows": rows, "adapters": adapters, "memory": memory(model, adapters)}
+        n, batch = max(counts), 2 * max(counts)
+        ops = {"base": ops_per_decode_step(model, tokenizer, config, adapters, n, None, batch)}
+        ops.update({d: ops_per_decode_step(model, tokenizer, config, adapters, n, d, batch) for d in deltas})
+        print(f"operations per decode step (batch {batch}, {n} adapters; the dispatcher's count): "
+              + ", ".join(f"{k} {v}" for k, v in ops.items()), flush=True)
+        return {"rows": rows, "adapters": adapters, "memory": memory(model, adapters),
+                "ops_per_decode_step": {"batch": batch, "adapters": n, **ops}}
 
 
 def print_row(r) -> None:

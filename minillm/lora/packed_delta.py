@@ -39,6 +39,16 @@ class StepLayout:
     positions: torch.Tensor          # ... and their positions in the block
     dense: bool                      # rows == 0..T-1: the delta adds to y without an index
     long: list[tuple[int, torch.Tensor]]     # (slot, its rows) for slots that run alone
+    _scale: torch.Tensor | None = None       # scale[lo:hi] as [S, 1, 1], made by the step's first linear
+
+    def block(self, t: torch.Tensor) -> torch.Tensor:
+        """t's slots lo..hi-1 (t itself when that is every slot: one op fewer per call)."""
+        return t if (self.lo, self.hi) == (0, t.shape[0]) else t[self.lo:self.hi]
+
+    def scale_block(self, scale: torch.Tensor) -> torch.Tensor:
+        if self._scale is None:
+            self._scale = self.block(scale).view(-1, 1, 1)
+        return self._scale
 
     @staticmethod
     def build(slot_of_row: list[int], device) -> "StepLayout | None":
@@ -80,12 +90,14 @@ def packed_delta(x: torch.Tensor, y: torch.Tensor, A_cat: torch.Tensor, Bs: list
     r = Bs[0].shape[2]
     xf = x if x.dtype == A_cat.dtype else x.to(A_cat.dtype)
     if layout.width:
-        lo, hi, w = layout.lo, layout.hi, layout.width
-        xs = xf.index_select(0, layout.pad_index).view(hi - lo, w, -1)
-        shrunk = torch.bmm(xs, A_cat[lo:hi].transpose(1, 2)) * scale[lo:hi, None, None]       # [S, w, K r]
-        parts = [torch.bmm(shrunk[:, :, k * r:(k + 1) * r], B[lo:hi].transpose(1, 2)) for k, B in enumerate(Bs)]
+        n, w = layout.hi - layout.lo, layout.width
+        xs = xf.index_select(0, layout.pad_index).view(n, w, -1)
+        shrunk = torch.bmm(xs, layout.block(A_cat).transpose(1, 2)).mul_(layout.scale_block(scale))   # [S, w, K r]
+        parts = [torch.bmm(shrunk[:, :, k * r:(k + 1) * r] if len(Bs) > 1 else shrunk, layout.block(B).transpose(1, 2))
+                 for k, B in enumerate(Bs)]
         out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)                          # [S, w, out]
-        delta = out.view((hi - lo) * w, -1).index_select(0, layout.positions).to(y.dtype)
+        delta = out.view(n * w, -1).index_select(0, layout.positions)
+        delta = delta if delta.dtype == y.dtype else delta.to(y.dtype)
         if layout.dense:
             y += delta
         else:
@@ -93,4 +105,4 @@ def packed_delta(x: torch.Tensor, y: torch.Tensor, A_cat: torch.Tensor, Bs: list
     for s, rows in layout.long:
         shrunk = (xf.index_select(0, rows) @ A_cat[s].t()) * scale[s]
         out = torch.cat([shrunk[:, k * r:(k + 1) * r] @ B[s].t() for k, B in enumerate(Bs)], dim=1)
-        y.index_add_(0, rows, out.to(y.dtype))
+        y.index_add_(0, rows, out if out.dtype == y.dtype else out.to(y.dtype))
