@@ -30,7 +30,7 @@ def resolve_model_args(args):
     """--model-shape / --hf-config -> args.model and args.load_format = "dummy" (in place)."""
     shape, config = getattr(args, "model_shape", None), getattr(args, "hf_config", None)
     given = [x for x in (shape, config) if x]
-    if len(given) > 1 or (given and args.model):
+    if len(given) > 1 or (given and args.model not in (None, given[0])):      # (a second call is harmless)
         raise ValueError("give one of --model, --model-shape and --hf-config")
     if given:
         args.model, args.load_format = given[0], "dummy"

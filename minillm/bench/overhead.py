@@ -38,6 +38,7 @@ import torch
 from ..cli.engine_args import add_engine_arguments, engine_config_from_args
 from ..sampling_params import SamplingParams
 from ..utils import cdiv
+from .model_args import add_model_arguments
 
 PHASES = ("schedule", "prepare_inputs", "sample", "process_outputs", "other")
 WARMUP_STEPS = 3
@@ -165,11 +166,13 @@ def measure(engine, batch: int, context: int, steps: int, profile: int = 0) -> d
 
 def build_engine(args, batches: list[int]):
     from ..engine.engine import LLMEngine
-    from ..models import load_model
+    from .model_args import load, print_header, resolve_model_args
+    resolve_model_args(args)
     config = engine_config_from_args(args)               # a bad flag fails here, before loading
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, tokenizer = load_model(args.model, device=config.device, dtype=config.dtype)
+    print_header(args)
+    model, tokenizer = load(args, device=config.device, dtype=config.dtype)
     blocks = max(batches) * (cdiv(args.context + args.steps + WARMUP_STEPS + 8, config.block_size) + 1) + 1
     return LLMEngine(model, tokenizer, engine_config_from_args(
         args, num_kv_blocks=config.num_kv_blocks or blocks,
@@ -198,7 +201,7 @@ def main(args) -> dict:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="default: the embedded SmolLM2")
+    add_model_arguments(p, help="default: the embedded SmolLM2")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64])
     p.add_argument("--context", type=int, default=128, help="prompt tokens per request")
     p.add_argument("--steps", type=int, default=32, help="decode steps timed per batch size")

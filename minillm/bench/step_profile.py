@@ -1,6 +1,6 @@
 """Where a decode step's time goes, operator by operator (torch.profiler).
 
-    python -m minillm.bench.step_profile [--model M] [--batch 1] [--context 128] [--steps 30]
+    python -m minillm.bench.step_profile [--model M | --model-shape S] [--batch 1] [--context 128] [--steps 30]
                                          [--top 12] [engine flags: --quantization w4a8, --compile ...]
 
 `bench quant` says how fast a configuration decodes, `bench overhead` how much of a step is the
@@ -20,6 +20,7 @@ import time
 import torch
 
 from ..cli.engine_args import add_engine_arguments
+from .model_args import add_model_arguments, is_dummy_run, label, resolve_model_args
 from .overhead import build_engine, start_decoding
 
 
@@ -42,18 +43,19 @@ def profile_decode(engine, batch: int, context: int, steps: int) -> dict:
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=None, help="default: the embedded SmolLM2")
+    add_model_arguments(parser, help="default: the embedded SmolLM2")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--context", type=int, default=128, help="prompt tokens per request")
     parser.add_argument("--steps", type=int, default=30, help="decode steps timed, then as many profiled")
     parser.add_argument("--top", type=int, default=12, help="how many operators to list")
     parser.add_argument("--threads", type=int, default=None)
     add_engine_arguments(parser, dtype="float32")
-    args = parser.parse_args(argv)
+    args = resolve_model_args(parser.parse_args(argv))
     engine = build_engine(argparse.Namespace(**{**vars(args), "steps": 2 * args.steps}), [args.batch])
     result = profile_decode(engine, args.batch, args.context, args.steps)
     total = sum(ms for _, ms, _ in result["ops"])
-    print(f"decode step, batch {args.batch}, context {args.context}: {result['step_ms']:.2f} ms unprofiled; "
+    print(f"decode step, batch {args.batch}, context {args.context}"
+          + (f", {label(args)}" if is_dummy_run(args) else "") + f": {result['step_ms']:.2f} ms unprofiled; "
           f"profiled, per step ({total:.2f} ms in all):")
     print(f"  {'operator':<44}{'self ms':>9}{'share':>8}{'calls':>8}")
     for name, ms, calls in result["ops"][:args.top]:
