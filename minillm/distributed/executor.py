@@ -43,6 +43,12 @@ class TensorParallelError(RuntimeError):
 def build_runner(model, resolved, config, slot_mapping_fn=slot_mapping, shard_layer_fn=None):
     """The engine's runner: a ModelRunner in this process, or N ranks with tensor_parallel_size N
     (each sharding every decoder layer with `shard_layer_fn`, default sharding.shard_decoder_layer)."""
+    if getattr(config, "pipeline_parallel_size", 1) > 1 or getattr(config, "nnodes", 1) > 1:
+        if slot_mapping_fn is not slot_mapping or shard_layer_fn is not None:
+            raise ValueError("a custom slot_mapping_fn or shard_layer_fn runs with pipeline_parallel_size=1 and "
+                             "nnodes=1 only")
+        from .pipeline_executor import PipelineExecutor          # stages, possibly across machines
+        return PipelineExecutor(model, resolved, config)
     if config.tensor_parallel_size == 1:
         if shard_layer_fn is not None:
             raise ValueError("shard_layer_fn shards the layers over ranks: use tensor_parallel_size >= 2")

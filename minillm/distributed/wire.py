@@ -1,0 +1,97 @@
+"""What crosses the network between the engine and its ranks: plain data in a schema'd format,
+never pickle.
+
+Unpickling runs code the bytes name, so a rank that unpickled what it received would run
+whatever anyone able to reach its port sent. Every message here is JSON behind a magic prefix,
+checked against a schema (each kind's fields and their types) before anyone reads it; bytes
+that are not ours (pickle's start with 0x80) are refused with WireError. The model's weights
+travel as raw tensors (torch.distributed send/recv), described by a manifest in the setup message.
+
+The step plan carries only what a rank needs per sequence: its id, where its new tokens start,
+the tokens, its block table, whether it samples (and so which rows the last stage scores).
+"""
+from __future__ import annotations
+
+import json
+
+MAGIC = b"MLLM1\n"
+
+# kind -> {field: type}; a list's items are checked by LIST_ITEMS below
+SCHEMAS: dict[str, dict[str, type]] = {
+    "step": {"seqs": list},
+    "block_ops": {"swap_out": list, "swap_in": list, "copies": list},
+    "setup": {"model_config": dict, "layers": list, "stage": int, "stages": int, "tp_rank": int, "tp_size": int,
+              "device": str, "dtype": str, "num_kv_blocks": int, "block_size": int, "num_swap_blocks": int,
+              "attention_backend": str, "tensors": list, "threads": int},
+    "report": {"rank": int, "stage": int, "steps": int, "step_seconds": float, "transfer_seconds": dict},
+    "noop": {}, "counters": {}, "stop": {},
+}
+SEQ_FIELDS = {"id": int, "start": int, "tokens": list, "table": list, "sample": bool}
+
+
+class WireError(ValueError):
+    """Bytes that are not a well-formed minillm message: refused, never interpreted."""
+
+
+def encode(kind: str, **fields) -> bytes:
+    check(kind, fields)
+    return MAGIC + json.dumps({"kind": kind, **fields}, separators=(",", ":")).encode()
+
+
+def decode(data: bytes) -> tuple[str, dict]:
+    """(kind, fields) of a message `encode` made; WireError for anything else."""
+    data = bytes(data)
+    if not data.startswith(MAGIC):
+        what = "pickled data" if data[:1] == b"\x80" else f"{data[:8]!r}..."
+        raise WireError(f"refusing {len(data)} bytes that are not a minillm message ({what}): "
+                        "ranks never unpickle what they receive")
+    try:
+        message = json.loads(data[len(MAGIC):])
+    except ValueError as e:
+        raise WireError(f"a malformed minillm message: {e}") from None
+    if not isinstance(message, dict):
+        raise WireError("a minillm message must be a JSON object")
+    kind = message.pop("kind", None)
+    check(kind, message)
+    return kind, message
+
+
+def _is(value, kind: type) -> bool:
+    return isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+
+
+def check(kind, fields: dict) -> None:
+    schema = SCHEMAS.get(kind) if isinstance(kind, str) else None
+    if schema is None:
+        raise WireError(f"unknown message kind {kind!r} (known: {', '.join(SCHEMAS)})")
+    if set(fields) != set(schema):
+        raise WireError(f"a {kind!r} message has fields {sorted(fields)}, expected {sorted(schema)}")
+    for name, want in schema.items():
+        if not _is(fields[name], want):
+            raise WireError(f"{kind}.{name} must be {want.__name__}, got {type(fields[name]).__name__}")
+    if kind == "step":
+        for seq in fields["seqs"]:
+            if not isinstance(seq, dict) or set(seq) != set(SEQ_FIELDS) or not all(
+                    _is(seq[k], t) for k, t in SEQ_FIELDS.items()):
+                raise WireError(f"a step's sequence must be {{{', '.join(SEQ_FIELDS)}}} with those types")
+            if not all(_is(x, int) for x in seq["tokens"] + seq["table"]):
+                raise WireError("a step's tokens and block table must be ints")
+    if kind == "block_ops":
+        for name in schema:
+            if not all(isinstance(p, list) and len(p) == 2 and all(_is(x, int) for x in p) for p in fields[name]):
+                raise WireError(f"block_ops.{name} must be [src, dst] int pairs")
+
+
+def step_message(scheduled) -> bytes:
+    """The engine's plan [(Sequence, num_new_tokens)] as the ranks read it."""
+    seqs = []
+    for seq, n in scheduled:
+        start = seq.num_computed_tokens
+        seqs.append({"id": seq.seq_id, "start": start, "tokens": seq.input_tokens(start, start + n),
+                     "table": list(seq.block_table), "sample": start + n == len(seq)})
+    return encode("step", seqs=seqs)
+
+
+def block_ops_message(ops) -> bytes:
+    return encode("block_ops", swap_out=[list(p) for p in ops.swap_out], swap_in=[list(p) for p in ops.swap_in],
+                  copies=[list(p) for p in ops.copies])
