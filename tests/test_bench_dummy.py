@@ -50,6 +50,7 @@ def test_serve_against_llama_cpp_side_by_side(tiny_config):
         argv += ["--against", "llama.cpp", "--llama-server", llama_server(), "--gguf-type", "F32"]
     report = serve.main(parse(serve, argv))
     assert report["dummy_weights"] and [r["completed"] for r in report["rows"]] == [2] * (2 if against else 1)
+    assert report["served_models"]["minillm"] == f"dummy-weights/{tiny_config}"          # /v1/models says so
     if against:
         ours, theirs = report["rows"]
         assert theirs["server"] == "llama.cpp" and ours["output_throughput"] > 0 and theirs["output_throughput"] > 0

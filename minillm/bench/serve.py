@@ -104,7 +104,7 @@ def main(args) -> dict:
     print(f"workload: {num} prompts (seed {args.seed}), rates {args.request_rate}, "
           f"max concurrency {args.max_concurrency}; SLO: TTFT <= {args.slo_ttft} s, TPOT <= {args.slo_tpot} s")
     print("".join(title.rjust(width) for title, width, _ in COLUMNS))
-    rows = []
+    rows, served = [], {}
     for name, url in servers:
         if url is None:
             folder = args.model_folder or str(embedded_checkpoint_dir())
@@ -121,7 +121,7 @@ def main(args) -> dict:
             server = None
         with (server or _Nothing()) as live:
             base = live.url if server else url
-            model = served_model(base)
+            model = served[name] = served_model(base)       # a dummy model's id says so: dummy-weights/...
             for rate in args.request_rate:
                 for structured in ([False, True] if args.structured else [False]):
                     results, elapsed = asyncio.run(run_load(base, model, prompts, rate, args.max_concurrency,
@@ -144,7 +144,7 @@ def main(args) -> dict:
         print(f"model: {label(args)}")
     report = {"workload": {"num_prompts": num, "seed": args.seed, "quick": args.quick},
               "model": label(args), "dummy_weights": is_dummy_run(args),
-              "rows": rows, "ratios": ratios}
+              "served_models": served, "rows": rows, "ratios": ratios}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
