@@ -127,7 +127,8 @@ def test_batched_delta_three_ways_agree():
     torch.testing.assert_close(grouped_delta(x, A, B, scale, slots), want)
     torch.testing.assert_close(gathered_delta(x, A, B, scale, slots), want)
     y = torch.randn(7, 4, generator=g)
-    packed_delta(x, y2 := y.clone(), A, [B], scale, StepLayout.build(slots.tolist(), "cpu"))
+    packed_delta(x, y2 := y.clone(), A.transpose(1, 2).contiguous(), [B.transpose(1, 2).contiguous()], scale,
+                 StepLayout.build(slots.tolist(), "cpu"))
     torch.testing.assert_close(y2, y + want)
 
 
@@ -146,7 +147,7 @@ def test_packed_delta_sub_projections_and_lone_slots():
             want[i] += torch.cat([scale[s] * Bs[k][s] @ (A_cat[s, k * r:(k + 1) * r] @ x[i]) for k in range(3)])
     layout = StepLayout.build(slots, "cpu")
     assert [s for s, _ in layout.long] == [1] and (layout.lo, layout.hi) == (0, 4) and not layout.dense
-    packed_delta(x, y, A_cat, Bs, scale, layout)
+    packed_delta(x, y, A_cat.transpose(1, 2).contiguous(), [b.transpose(1, 2).contiguous() for b in Bs], scale, layout)
     torch.testing.assert_close(y, want)
 
 
@@ -296,9 +297,11 @@ def test_smollm2_mixed_batch_matches_peft(smol, tmp_path):
     jobs = [(p, lora) for p in prompts for lora in [None, *loras.values()]]
     llm = LLM(model, tokenizer=tok, enable_lora=True, max_loras=2, max_lora_rank=8, num_kv_blocks=64)
     outs = run(llm, jobs)
+    llm.llm_engine.lora.use_delta("packed")              # the other way of adding the deltas, same answers
+    packed = run(llm, jobs)
     hf = peft.PeftModel.from_pretrained(transformers_twin(model), tmp_path / "attn", adapter_name="attn").eval()
     hf.load_adapter(tmp_path / "every", adapter_name="every")
-    for (prompt, lora), out in zip(jobs, outs):
+    for (prompt, lora), out, out_packed in zip(jobs, outs, packed):
         if lora is None:
             with hf.disable_adapter():
                 want = reference_tokens(hf, prompt)
@@ -306,4 +309,5 @@ def test_smollm2_mixed_batch_matches_peft(smol, tmp_path):
             hf.set_adapter(lora.lora_name)
             want = reference_tokens(hf, prompt)
         compare_greedy(hf, prompt, list(out.outputs[0].token_ids), want)
+        compare_greedy(hf, prompt, list(out_packed.outputs[0].token_ids), want)
     assert len({tuple(o.outputs[0].token_ids) for o in outs[:3]}) == 3, "the adapters change the answer"

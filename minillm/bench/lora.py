@@ -142,7 +142,7 @@ def shapes(c) -> dict:
 def slot_bytes(manager) -> int:
     """Device bytes one slot takes in every LoRALinear (A and B at max_lora_rank, all sub-projections)."""
     linears = {id(m): m for layer in manager.layers for m in layer.values()}.values()
-    return sum(m.A_cat[0].nbytes + sum(b[0].nbytes for b in m.B) for m in linears)
+    return sum(m.A_t[0].nbytes + sum(b[0].nbytes for b in m.B_t) for m in linears)
 
 
 def memory(model, adapters) -> dict:

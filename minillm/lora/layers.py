@@ -7,8 +7,9 @@ H*D columns, k's into the next Hkv*D, ...). An adapter that targets q but not v 
 columns alone. The slots' A and B live in buffers on the model's device (batched_delta.py
 says why they are stacked); `StepRows` tells every wrapper which slot each row uses.
 
-The sub-projections' A are rank blocks of one tensor, `A_cat` [slots, K*r, in] (`A[k]` is a
-view of block k), so the packed path (packed_delta.py) shrinks all K at once; the wrapped
+The sub-projections' A are rank blocks of one tensor, `A_t` [slots, in, K*r] (`A[k]` [slots, r, in]
+is a view of block k), so the packed path (packed_delta.py) shrinks all K at once; B is kept as
+`B_t[k]` [slots, r, out] (`B[k]` a view); the wrapped
 linear may be any module computing x @ W.T, a quantized one too (the delta stays float).
 """
 from __future__ import annotations
@@ -37,11 +38,15 @@ class LoRALinear(nn.Module):
         super().__init__()
         self.base, self.subs, self.rows = base, subs, rows
         device = rows.scale.device
-        self.register_buffer("A_cat", torch.zeros(max_loras, len(subs) * max_rank, in_features, device=device),
+        # stored transposed, as the packed path's bmm reads them (a transposed view there is 10x slower on CPU)
+        self.register_buffer("A_t", torch.zeros(max_loras, in_features, len(subs) * max_rank, device=device),
                              persistent=False)
-        self.A = [self.A_cat[:, k * max_rank:(k + 1) * max_rank] for k in range(len(subs))]   # views [slots, r, in]
-        self.B = nn.ParameterList([nn.Parameter(torch.zeros(max_loras, out, max_rank, device=device),
-                                                requires_grad=False) for _, out in subs])
+        self.B_t = [torch.zeros(max_loras, max_rank, out, device=device) for _, out in subs]
+        for k, b in enumerate(self.B_t):
+            self.register_buffer(f"B_t{k}", b, persistent=False)
+        r = max_rank
+        self.A = [self.A_t[:, :, k * r:(k + 1) * r].transpose(1, 2) for k in range(len(subs))]   # views [slots, r, in]
+        self.B = [b.transpose(1, 2) for b in self.B_t]                                           # views [slots, out, r]
         self.targeted: list[set[int]] = [set() for _ in subs]    # slots whose adapter adapts sub k here
 
     @torch.no_grad()
@@ -68,7 +73,7 @@ class LoRALinear(nn.Module):
             raise RuntimeError(f"LoRA: {x2.shape[0]} rows but the step named slots for {rows.slot_of_row.shape[0]}")
         if rows.layout is not None:
             if any(s in t for t in self.targeted for s in rows.slots_present):
-                packed_delta(x2, y2, self.A_cat, list(self.B), rows.scale, rows.layout)
+                packed_delta(x2, y2, self.A_t, self.B_t, rows.scale, rows.layout)
             return y
         start = 0
         for k, (_, out) in enumerate(self.subs):

@@ -6,14 +6,16 @@ sub-projection): with 16 adapters the fused q/k/v linear alone makes ~100 calls 
 laid out once, by slot (`StepLayout`, shared by every linear of the model), and each linear adds
 its delta with a handful of calls, whatever the number of adapters:
 
-    x [T, in] ─gather─► [S, width, in] ─bmm A_cat─► [S, width, K·r] ·scale ─bmm B_k, per sub─► [S, width, out]
+    x [T, in] ─gather─► [S, width, in] ─bmm A_t─► [S, width, K·r] ·scale ─bmm B_t[k], per sub─► [S, width, out]
                                                                      ─gather the real rows─► y[rows] +=
 
 `width` is the fullest slot's row count (other slots are padded: their pad rows compute
-garbage that is never gathered back). A_cat stacks the linear's K sub-projections' A along the
-rank (q, k, v: one bmm shrinks for all three); each sub's B expands into its own output
-columns. A slot with more than `LONG_SLOT` rows (a prompt being prefilled) would pad every
-other slot to its length, so it runs on its own: x_s @ A_cat[s].T, then each B.
+garbage that is never gathered back). A_t stacks the linear's K sub-projections' A, transposed,
+along the rank (q, k, v: one bmm shrinks for all three); each sub's B_t expands into its own
+output columns. Both are stored the way bmm reads them: on CPU a bmm over a transposed view
+took 10-30x longer than over a contiguous tensor (tiny shapes, a loaded machine: roughly).
+A slot with more than `LONG_SLOT` rows (a prompt being prefilled) would pad every other slot
+to its length, so it runs on its own: x_s @ A_t[s], then each B_t[k][s].
 
 Slots between the first and last present one are in the block even if no row uses them
 (their zero-row pad is cheaper than gathering the present slots' weights into a new tensor,
@@ -82,18 +84,18 @@ class StepLayout:
                           [(s, t(r)) for s, r in sorted(long_rows.items())])
 
 
-def packed_delta(x: torch.Tensor, y: torch.Tensor, A_cat: torch.Tensor, Bs: list[torch.Tensor],
+def packed_delta(x: torch.Tensor, y: torch.Tensor, A_t: torch.Tensor, Bs: list[torch.Tensor],
                  scale: torch.Tensor, layout: StepLayout) -> None:
     """Add s[slot] * B_k[slot] @ (A_k[slot] @ x_row) into y's columns of sub k, for every adapter
-    row, in place. x [T, in], y [T, sum of outs]; A_cat [slots, K*r, in] (sub k's A in rank
-    rows k*r..(k+1)*r), Bs[k] [slots, out_k, r], scale [slots]. Computed in float32."""
-    r = Bs[0].shape[2]
-    xf = x if x.dtype == A_cat.dtype else x.to(A_cat.dtype)
+    row, in place. x [T, in], y [T, sum of outs]; A_t [slots, in, K*r] (sub k's A, transposed,
+    in columns k*r..(k+1)*r), Bs[k] [slots, r, out_k] (B_k transposed), scale [slots]. In float32."""
+    r = Bs[0].shape[1]
+    xf = x if x.dtype == A_t.dtype else x.to(A_t.dtype)
     if layout.width:
         n, w = layout.hi - layout.lo, layout.width
         xs = xf.index_select(0, layout.pad_index).view(n, w, -1)
-        shrunk = torch.bmm(xs, layout.block(A_cat).transpose(1, 2)).mul_(layout.scale_block(scale))   # [S, w, K r]
-        parts = [torch.bmm(shrunk[:, :, k * r:(k + 1) * r] if len(Bs) > 1 else shrunk, layout.block(B).transpose(1, 2))
+        shrunk = torch.bmm(xs, layout.block(A_t)).mul_(layout.scale_block(scale))              # [S, w, K r]
+        parts = [torch.bmm(shrunk[:, :, k * r:(k + 1) * r] if len(Bs) > 1 else shrunk, layout.block(B))
                  for k, B in enumerate(Bs)]
         out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)                          # [S, w, out]
         delta = out.view(n * w, -1).index_select(0, layout.positions)
@@ -103,6 +105,6 @@ def packed_delta(x: torch.Tensor, y: torch.Tensor, A_cat: torch.Tensor, Bs: list
         else:
             y.index_add_(0, layout.rows, delta)
     for s, rows in layout.long:
-        shrunk = (xf.index_select(0, rows) @ A_cat[s].t()) * scale[s]
-        out = torch.cat([shrunk[:, k * r:(k + 1) * r] @ B[s].t() for k, B in enumerate(Bs)], dim=1)
+        shrunk = (xf.index_select(0, rows) @ A_t[s]).mul_(scale[s])
+        out = torch.cat([shrunk[:, k * r:(k + 1) * r] @ B[s] for k, B in enumerate(Bs)], dim=1)
         y.index_add_(0, rows, out if out.dtype == y.dtype else out.to(y.dtype))
