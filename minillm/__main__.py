@@ -2,6 +2,7 @@
     python -m minillm generate "PROMPT" [--model M] [--chat] [--max-tokens N] [--temperature T] [engine flags]
     python -m minillm chat [--model M] [--system TEXT] [--url URL] [engine flags]
     python -m minillm serve [--model M] [--host 127.0.0.1] [--port 8000] [--api-key KEY] [engine flags]
+    python -m minillm worker --nnodes N --node-rank R --dist-init-addr HOST:PORT [--pipeline-parallel-size P]
     python -m minillm bench throughput [--model M] [--num-prompts 64] [--json FILE] [--quick] [engine flags]
     python -m minillm bench serve [--request-rate 1 4 inf] [--against transformers] [--quick] [engine flags]
     python -m minillm bench kv-cache [--model M] [--prompt-tokens 256] [--max-tokens 64]
@@ -26,13 +27,15 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench import kv_cache, lora, overhead, quant, roofline, serve, spec, throughput, tp
     from .cli import chat, generate
     from .server import cli as serve_cli
+    from .distributed import launch
 
     parser = argparse.ArgumentParser(prog="python -m minillm", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     for name, module, text in (("generate", generate, "complete one prompt, streaming the tokens as they come"),
                                ("chat", chat, "an interactive multi-turn chat in the terminal"),
-                               ("serve", serve_cli, "serve the OpenAI API over HTTP (needs the serve extra)")):
+                               ("serve", serve_cli, "serve the OpenAI API over HTTP (needs the serve extra)"),
+                               ("worker", launch, "a headless node of a multi-node group (distributed/launch.py)")):
         p = sub.add_parser(name, help=text)
         module.add_arguments(p)
         p.set_defaults(func=module.main)

@@ -22,6 +22,7 @@ from .chat_setup import add_chat_arguments
 from .guards import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES
 from .lora_models import parse_lora_modules
 from .run import Timeouts
+from ..distributed.launch import add_node_addr, headless
 
 __all__ = ["add_arguments", "engine_options", "main"]      # engine_options: engine_args's, for callers
 
@@ -66,10 +67,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="LoRA adapters served by name (needs --enable-lora): name=path or "
                         '\'{"name": ..., "path": ...}\'; a request\'s "model" picks one (lora_models.py)')
     add_chat_arguments(p)
+    add_node_addr(p)                                          # multi-node: distributed/launch.py
     add_engine_arguments(p)
 
 
 def main(args) -> int:
+    if (args.node_rank or 0) > 0:                             # a headless node of a multi-node group
+        return headless(args.tensor_parallel_size or 1, args.pipeline_parallel_size or 1, args.nnodes or 1,
+                        args.node_rank, args.dist_init_addr, args.node_addr)
     front = args.data_parallel_size > 1 or bool(args.replica_url)      # replicas behind a routing front
     if args.data_parallel_size < (0 if args.replica_url else 1) or args.router_load_bound < 0:
         raise ValueError("--data-parallel-size must be >= 1 (>= 0 with --replica-url) and --router-load-bound >= 0")
