@@ -149,6 +149,7 @@ PLANTED = {
                        "mlp.down_proj = row_shard(mlp.down_proj, rank * width, width)", "did no all-reduce"),
     "router_choice": ("10", "in_flight[best] - in_flight[least] > load_bound",
                       "in_flight[best] - in_flight[least] >= load_bound", "exactly at the bound still wins"),
+    "balanced_partition": ("10", "    ranges, end = [], n\n", "    ranges, end = [], n - 1\n", "is in no stage"),
     "ngram_proposer": ("11", "for start in range(length - n - 1, -1, -1):", "for start in range(length - n - 1):",
                        "the latest one wins"),
     "rejection_sampler": ("11", "return drafts[:accepted] + [best[accepted]]", "return drafts[:accepted]",

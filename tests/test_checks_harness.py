@@ -28,6 +28,7 @@ GRADER_MODULES = {
     "lesson09_int4": ["check_int4_quantizer"],
     "lesson10_sharding": ["check_layer_sharding"],
     "lesson10_router": ["check_router_choice"],
+    "lesson10_partition": ["check_balanced_partition"],
     "lesson11_ngram": ["check_ngram_proposer"],
     "lesson11_rejection": ["check_rejection_sampler"],
     "lesson12_masks": ["check_structured_outputs"],
@@ -43,7 +44,7 @@ def test_graders_are_importable_from_checks_and_their_own_module():
     from minillm.checks.lesson06 import check_swap as from_lesson06
     assert check_block_allocator is from_lesson03 and check_swap is from_lesson06
     graders = [name for names in GRADER_MODULES.values() for name in names]
-    assert sorted(checks.__all__) == sorted(graders) and len(graders) == 26
+    assert sorted(checks.__all__) == sorted(graders) and len(graders) == 27
     for module, names in GRADER_MODULES.items():
         lesson = importlib.import_module(f"minillm.checks.{module}")
         for name in names:

@@ -80,6 +80,7 @@ EXERCISES = [
     ("09_quantization", "dequantize_int4", "minillm.quant.reference", "dequantize_int4"),
     ("10_beyond_one_machine", "shard_decoder_layer", "minillm.distributed.sharding", "shard_decoder_layer"),
     ("10_beyond_one_machine", "choose_replica", "minillm.server.data_parallel.choice", "choose_replica"),
+    ("10_beyond_one_machine", "balanced_partition", "minillm.distributed.partition", "balanced_partition"),
     ("11_speculative_decoding", "propose_ngram", "minillm.spec.ngram", "propose_ngram"),
     ("11_speculative_decoding", "verify", "minillm.spec.rejection", "verify"),
     ("12_structured_outputs", "apply_masks", "minillm.structured.matchers", "apply_masks"),

@@ -33,6 +33,7 @@ went wrong and where to look.
 | 09     | check_int4_quantizer   | minillm.quant.reference.quantize_int4, dequantize_int4   |
 | 10     | check_layer_sharding   | minillm.distributed.sharding.shard_decoder_layer         |
 | 10     | check_router_choice    | minillm.server.data_parallel.choice.choose_replica       |
+| 10     | check_balanced_partition | minillm.distributed.partition.balanced_partition       |
 | 11     | check_ngram_proposer   | minillm.spec.ngram.propose_ngram                         |
 | 11     | check_rejection_sampler | minillm.spec.rejection.verify                           |
 | 12     | check_structured_outputs | a StructuredOutputs subclass overriding mask_logits / advance |
@@ -64,6 +65,7 @@ from .lesson07_stream import check_request_stream
 from .lesson08 import check_paged_decode_kernel
 from .lesson09_int4 import check_int4_quantizer
 from .lesson09_int8 import check_int8_quantizer
+from .lesson10_partition import check_balanced_partition
 from .lesson10_router import check_router_choice
 from .lesson10_sharding import check_layer_sharding
 from .lesson11_ngram import check_ngram_proposer
@@ -78,6 +80,6 @@ __all__ = ["check_rope", "check_top_k", "check_top_p", "check_sampler", "check_g
            "check_detokenizer", "check_request_stream",
            "check_paged_decode_kernel",
            "check_int8_quantizer", "check_int4_quantizer",
-           "check_layer_sharding", "check_router_choice",
+           "check_layer_sharding", "check_router_choice", "check_balanced_partition",
            "check_ngram_proposer", "check_rejection_sampler",
            "check_structured_outputs", "check_choice_constraint"]

@@ -104,6 +104,7 @@ REFERENCES = {
     "check_int4_quantizer": "minillm.quant.reference:quantize_int4",
     "check_layer_sharding": "minillm.distributed.sharding:shard_decoder_layer",
     "check_router_choice": "minillm.server.data_parallel.choice:choose_replica",
+    "check_balanced_partition": "minillm.distributed.partition:balanced_partition",
     "check_ngram_proposer": "minillm.spec.ngram:propose_ngram",
     "check_rejection_sampler": "minillm.spec.rejection:verify",
     "check_structured_outputs": "minillm.structured.matchers:StructuredOutputs",
