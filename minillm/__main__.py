@@ -11,6 +11,7 @@
     python -m minillm bench spec [--model M] [--max-tokens 96] [--json FILE] [--quick] [engine flags]
     python -m minillm bench overhead [--batch 1 8 64] [--context 128] [--profile N] [--json FILE] [engine flags]
     python -m minillm bench tp [--model M] [--sizes 1 3] [--batch 8] [--json FILE] [--quick]
+    python -m minillm bench pp [--model M] [--stages 1 2] [--batch 8] [--json FILE] [--quick]
     python -m minillm bench lora [--model M] [--adapters 1 4 16] [--delta grouped packed] [--json FILE] [--quick]
 
 Engine flags: every EngineConfig field (--block-size, --enable-prefix-caching, ...; see `--help`
@@ -24,7 +25,7 @@ import sys
 
 def build_parser() -> argparse.ArgumentParser:
     """Every command's parser; each sets `func`, what runs the parsed command."""
-    from .bench import kv_cache, lora, overhead, quant, roofline, serve, spec, throughput, tp
+    from .bench import kv_cache, lora, overhead, pp, quant, roofline, serve, spec, throughput, tp
     from .cli import chat, generate
     from .server import cli as serve_cli
     from .distributed import launch
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
                                ("spec", spec, "speculative decoding (n-gram) vs none and transformers' prompt lookup"),
                                ("overhead", overhead, "the engine's own time per decode step, outside the forward"),
                                ("tp", tp, "tensor parallelism: step time split into compute and collectives, bytes"),
+                               ("pp", pp, "pipeline parallelism: compute vs transfers per stage, the idle fraction"),
                                ("lora", lora, "batched LoRA over 1/4/16 adapters vs the base model vs merged copies")):
         p = bsub.add_parser(name, help=text)
         module.add_arguments(p)
