@@ -152,3 +152,13 @@ def llama_server_greedy(path, prompt: list[int], n: int) -> list[int]:
                 "return_tokens": True, "cache_prompt": False}
         reply = httpx.post(f"{s.url}/completion", json=body, timeout=120).json()
     return list(reply["tokens"])
+
+
+def test_a_dummy_models_gguf_drawn_tensor_by_tensor_is_the_built_models(tmp_path):
+    from minillm.models.dummy import build_dummy, dummy_config, dummy_parameters
+    from minillm.models.gguf_export import write_tensors
+    cfg = dummy_config("smollm2-135m")
+    cfg.num_hidden_layers = 1
+    whole = write_gguf(build_dummy(cfg, seed=3), tmp_path / "whole.gguf", "Q4_1")
+    drawn = write_tensors(cfg, dummy_parameters(cfg, seed=3), tmp_path / "drawn.gguf", "Q4_1")
+    assert whole.read_bytes() == drawn.read_bytes()

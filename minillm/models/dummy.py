@@ -72,7 +72,7 @@ def init_std(spec: str) -> float:
 @torch.no_grad()
 def build_dummy(config: ModelConfig, seed: int = 0, std: float = 0.02) -> LlamaForCausalLM:
     """The model with seeded weights: the same `seed` gives the same weights, in any process
-    (gguf_export.py writes them again for llama.cpp)."""
+    (gguf_export.py draws them again, one tensor at a time, for llama.cpp)."""
     with torch.device("meta"):                     # no memory, no default init: drawn once, below
         model = LlamaForCausalLM(config)
     model = model.to_empty(device="cpu")
@@ -82,15 +82,29 @@ def build_dummy(config: ModelConfig, seed: int = 0, std: float = 0.02) -> LlamaF
         if name != "model.rotary.inv_freq":
             raise ValueError(f"build_dummy does not know how to fill buffer {name!r}")
     model.model.rotary.inv_freq = rope_inverse_frequencies(config)
-    g = torch.Generator().manual_seed(seed)
-    for name, p in model.named_parameters():       # a tied head is the embedding: drawn once
-        if name.endswith("norm.weight"):
-            p.fill_(1.0)
-        elif name.endswith("bias"):
-            p.zero_()
-        else:
-            p.normal_(0.0, std, generator=g)
+    params = dict(model.named_parameters())
+    for name, tensor in dummy_parameters(config, seed, std):
+        params[name].copy_(tensor)
     return model.eval()
+
+
+@torch.no_grad()
+def dummy_parameters(config: ModelConfig, seed: int = 0, std: float = 0.02):
+    """Yield (name, tensor) for every parameter in the model's order, drawn one at a time from
+    one seeded generator (a tied head is the embedding: drawn once). One tensor in memory at a
+    time: a 1B model's GGUF is written without its 5 GB of float32 weights."""
+    with torch.device("meta"):
+        shapes = [(name, p.shape) for name, p in LlamaForCausalLM(config).named_parameters()]
+    g = torch.Generator().manual_seed(seed)
+    for name, shape in shapes:
+        tensor = torch.empty(shape)
+        if name.endswith("norm.weight"):
+            tensor.fill_(1.0)
+        elif name.endswith("bias"):
+            tensor.zero_()
+        else:
+            tensor.normal_(0.0, std, generator=g)
+        yield name, tensor
 
 
 def describe(spec: str, seed: int) -> str:

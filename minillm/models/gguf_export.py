@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ..utils.paths import cache_dir
-from .dummy import BOS_ID, EOS_ID, build_dummy, dummy_config, dummy_hf_config, init_std, tokenizer_json
+from .dummy import BOS_ID, EOS_ID, dummy_config, dummy_hf_config, dummy_parameters, init_std, tokenizer_json
 
 GGUF_TYPES = ("F32", "F16", "Q8_0", "Q4_1")
 ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
@@ -137,11 +137,23 @@ def add_tokenizer(w, vocab_size: int) -> None:
 def write_gguf(model, path, qtype: str = "F32", name: str = "minillm") -> Path:
     """Write `model` (a LlamaForCausalLM, its tokenizer SmolLM2's) to `path` as a GGUF whose
     matrices are `qtype`. Written to a temporary file, then renamed: never half a file."""
-    import gguf
+    return write_tensors(model.config, model.state_dict().items(), path, qtype, name)
+
+
+def quantize_rows(array: np.ndarray, kind) -> np.ndarray:
+    """gguf's quantize, a few million values at a time: its numpy temporaries are several times
+    the input, too much for a 1B model's embedding at once. Blocks never span rows: the same bytes."""
     from gguf.quants import quantize
+    step = max(1, (1 << 22) // array.shape[-1])
+    return np.concatenate([quantize(array[i:i + step], kind) for i in range(0, array.shape[0], step)])
+
+
+def write_tensors(config, items, path, qtype: str = "F32", name: str = "minillm") -> Path:
+    """`write_gguf` from (state-dict name, tensor) pairs, which may be drawn one at a time."""
+    import gguf
     if qtype not in GGUF_TYPES:
         raise ValueError(f"GGUF type must be one of {', '.join(GGUF_TYPES)}, got {qtype!r}")
-    config, path = model.config, Path(path)
+    path = Path(path)
     if config.model_type not in ARCHITECTURES:
         raise ValueError(f"no llama.cpp architecture for model_type {config.model_type!r}")
     arch = ARCHITECTURES[config.model_type]
@@ -153,7 +165,7 @@ def write_gguf(model, path, qtype: str = "F32", name: str = "minillm") -> Path:
     add_tokenizer(w, config.vocab_size)
     if (config.rope_scaling or {}).get("rope_type") == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_rope_factors(config))
-    for key, tensor in model.state_dict().items():
+    for key, tensor in items:
         if key.endswith("rotary_emb.inv_freq") or (config.tie_word_embeddings and key == "lm_head.weight"):
             continue
         out = gguf_name(key)
@@ -169,7 +181,7 @@ def write_gguf(model, path, qtype: str = "F32", name: str = "minillm") -> Path:
             w.add_tensor(out, array.astype(np.float16))
         else:
             ggml = gguf.GGMLQuantizationType[kind]
-            w.add_tensor(out, quantize(array, ggml), raw_dtype=ggml)
+            w.add_tensor(out, quantize_rows(array, ggml), raw_dtype=ggml)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -186,6 +198,7 @@ def dummy_gguf(spec: str, seed: int = 0, qtype: str = "Q4_1") -> Path:
     path = cache_dir() / "gguf" / f"dummy-{slug}-{tag}-seed{seed}-{qtype}.gguf"
     if not path.exists():
         print(f"writing the dummy model's GGUF ({qtype}) for llama.cpp: {path}", flush=True)
-        model = build_dummy(dummy_config(spec), seed, init_std(spec))
-        write_gguf(model, path, qtype, name=f"dummy {spec} seed {seed}")
+        config = dummy_config(spec)
+        write_tensors(config, dummy_parameters(config, seed, init_std(spec)), path, qtype,
+                      name=f"dummy {spec} seed {seed}")
     return path
