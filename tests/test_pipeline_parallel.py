@@ -2,7 +2,12 @@
 cost, plans that cross to the ranks without pickle, and greedy tokens equal to one process's
 on the tiny model at PP=2 (through prefix hits, chunked prefill, preemption by swap, n > 1) and
 at TP=2 x PP=2; combinations not supported are refused by name."""
+import ast
+import os
 import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -75,12 +80,32 @@ def test_pp2_equals_one_process_through_chunked_prefill_prefix_hits_swap_and_n(r
         engine.runner.close()
 
 
-def test_tp2_x_pp2_equals_one_process(reference):
-    model, tokenizer = tiny_model()
-    engine = LLMEngine(model, tokenizer, num_kv_blocks=64, max_num_batched_tokens=32, pipeline_parallel_size=2,
-                       tensor_parallel_size=2)
-    assert len(engine.runner.pids) == 4
-    assert run(engine) == reference
+SCRIPT = """
+from minillm import LLMEngine, SamplingParams
+from minillm.checks.harness import tiny_model
+from tests.test_pipeline_parallel import PROMPTS, GREEDY
+model, tokenizer = tiny_model()
+engine = LLMEngine(model, tokenizer, num_kv_blocks=64, max_num_batched_tokens=32, pipeline_parallel_size=2,
+                   tensor_parallel_size=2)
+print("ranks", len(engine.runner.pids))
+print("tokens", [o.outputs[0].token_ids for o in engine.generate(PROMPTS, GREEDY)])
+engine.runner.close()
+"""
+
+
+def test_tp2_x_pp2_from_a_script_without_a_main_guard_equals_one_process(reference, tmp_path):
+    """The ranks start with `python -m`, not multiprocessing's spawn, so a script with no
+    `if __name__ == "__main__":` (what a learner writes) runs, at TP=2 x PP=2."""
+    script = tmp_path / "no_guard.py"
+    script.write_text(SCRIPT)
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if line.startswith(("ranks", "tokens")))
+    assert lines["ranks"] == "4"
+    assert ast.literal_eval(lines["tokens"]) == reference
 
 
 @pytest.mark.parametrize("option, name", [({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}},
