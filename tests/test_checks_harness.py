@@ -33,6 +33,8 @@ GRADER_MODULES = {
     "lesson11_rejection": ["check_rejection_sampler"],
     "lesson12_masks": ["check_structured_outputs"],
     "lesson12_choice": ["check_choice_constraint"],
+    "lesson13_delta": ["check_lora_delta"],
+    "lesson13_cache_key": ["check_chain_root"],
 }
 
 
@@ -44,7 +46,7 @@ def test_graders_are_importable_from_checks_and_their_own_module():
     from minillm.checks.lesson06 import check_swap as from_lesson06
     assert check_block_allocator is from_lesson03 and check_swap is from_lesson06
     graders = [name for names in GRADER_MODULES.values() for name in names]
-    assert sorted(checks.__all__) == sorted(graders) and len(graders) == 27
+    assert sorted(checks.__all__) == sorted(graders) and len(graders) == 29
     for module, names in GRADER_MODULES.items():
         lesson = importlib.import_module(f"minillm.checks.{module}")
         for name in names:

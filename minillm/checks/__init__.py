@@ -38,6 +38,8 @@ went wrong and where to look.
 | 11     | check_rejection_sampler | minillm.spec.rejection.verify                           |
 | 12     | check_structured_outputs | a StructuredOutputs subclass overriding mask_logits / advance |
 | 12     | check_choice_constraint | minillm.structured.choice_trie.ChoiceConstraint         |
+| 13     | check_lora_delta       | minillm.lora.batched_delta.gathered_delta                |
+| 13     | check_chain_root       | minillm.kv.prefix_cache.chain_root                       |
 
 Each lesson's graders live in `lessonNN*.py`, built on `harness.py` (cases, verdicts,
 hints) and, for lessons 03-06, `engine_runs.py` (engine runs compared with the
@@ -72,6 +74,8 @@ from .lesson11_ngram import check_ngram_proposer
 from .lesson11_rejection import check_rejection_sampler
 from .lesson12_choice import check_choice_constraint
 from .lesson12_masks import check_structured_outputs
+from .lesson13_cache_key import check_chain_root
+from .lesson13_delta import check_lora_delta
 
 __all__ = ["check_rope", "check_top_k", "check_top_p", "check_sampler", "check_generate_naive",
            "check_contiguous_cache", "check_block_allocator", "check_slot_mapping", "check_paged_attention",
@@ -82,4 +86,5 @@ __all__ = ["check_rope", "check_top_k", "check_top_p", "check_sampler", "check_g
            "check_int8_quantizer", "check_int4_quantizer",
            "check_layer_sharding", "check_router_choice", "check_balanced_partition",
            "check_ngram_proposer", "check_rejection_sampler",
-           "check_structured_outputs", "check_choice_constraint"]
+           "check_structured_outputs", "check_choice_constraint",
+           "check_lora_delta", "check_chain_root"]

@@ -109,6 +109,8 @@ REFERENCES = {
     "check_rejection_sampler": "minillm.spec.rejection:verify",
     "check_structured_outputs": "minillm.structured.matchers:StructuredOutputs",
     "check_choice_constraint": "minillm.structured.choice_trie:ChoiceConstraint",
+    "check_lora_delta": "minillm.lora.batched_delta:gathered_delta",
+    "check_chain_root": "minillm.kv.prefix_cache:chain_root",
 }
 
 # grader -> package functions that answer part of its exercise beside the reference ("module:attribute"):
@@ -116,6 +118,7 @@ REFERENCES = {
 # calling the package's from the notebook fails the exercise as a call of the reference would
 PART_ANSWERS = {
     "check_structured_outputs": ("minillm.structured.matchers:apply_masks",),
+    "check_lora_delta": ("minillm.lora.batched_delta:grouped_delta", "minillm.lora.batched_delta:row_deltas"),
 }
 
 

@@ -54,13 +54,18 @@ class BlockManager:
             hashes.append(parent)
         return hashes
 
+    def chain_root(self, seq) -> bytes | None:
+        """The parent of the sequence's first block: its LoRA adapter's hash, None for the base
+        model (kv/prefix_cache.py). Lesson 13's subclass plugs the learner's in here."""
+        return chain_root(seq)
+
     def _cached_prefix(self, seq) -> tuple[list[bytes], list[int]]:
         """Hashes of the sequence's full blocks and the cached blocks it can reuse. At
         least one token is always left to compute: the step that samples the next token
         must run the model on something, so a fully cached prompt drops its last block.
         A request for prompt logprobs reuses nothing: the logits of the cached positions were
         never kept, so its prompt is recomputed (it still fills the cache for others)."""
-        hashes = self._prompt_hashes(seq.token_ids, chain_root(seq))
+        hashes = self._prompt_hashes(seq.token_ids, self.chain_root(seq))
         if self.prefix_cache is None or seq.params.prompt_logprobs is not None:
             return hashes, []
         cached = self.prefix_cache.lookup(hashes)
@@ -140,7 +145,7 @@ class BlockManager:
         tokens = seq.token_ids
         while len(seq.block_hashes) < full:
             i = len(seq.block_hashes)
-            parent = seq.block_hashes[-1] if seq.block_hashes else chain_root(seq)
+            parent = seq.block_hashes[-1] if seq.block_hashes else self.chain_root(seq)
             h = block_hash(parent, tokens[i * self.block_size:(i + 1) * self.block_size])
             seq.block_hashes.append(h)
             if self.prefix_cache is not None:

@@ -19,10 +19,18 @@ ops, two ways that give the same numbers:
 The delta is computed in float32 whatever the activations' dtype (it is small; the base GEMM
 is the work), and ranks smaller than the slots' r are zero-padded: zero rows of A and zero
 columns of B add nothing.
+
+`LoRALinear` asks `row_deltas`, which runs `grouped_delta`, or, inside `with plugged_delta(fn)`,
+a function of `gathered_delta`'s signature: lesson 13 runs the learner's delta in the real
+engine that way (process-wide while the block runs: a lesson's seam, not a serving option).
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
+
+_plugged = None          # the delta `plugged_delta` put in place of grouped_delta, while its block runs
 
 
 def grouped_delta(x: torch.Tensor, A: torch.Tensor, B: torch.Tensor, scale: torch.Tensor,
@@ -47,3 +55,25 @@ def gathered_delta(x: torch.Tensor, A: torch.Tensor, B: torch.Tensor, scale: tor
     s = torch.where(slot_of_row >= 0, scale.index_select(0, idx), scale.new_zeros(()))
     shrunk = torch.bmm(a, x.float().unsqueeze(2))                          # [T, r, 1]
     return torch.bmm(b, shrunk).squeeze(2) * s.unsqueeze(1)
+
+
+def row_deltas(x: torch.Tensor, A: torch.Tensor, B: torch.Tensor, scale: torch.Tensor,
+               slot_of_row: torch.Tensor, slots_present: list[int]) -> torch.Tensor:
+    """What every LoRALinear computes its rows' deltas with: grouped_delta, or the plugged one."""
+    if _plugged is not None:
+        return _plugged(x, A, B, scale, slot_of_row)
+    return grouped_delta(x, A, B, scale, slot_of_row, slots_present)
+
+
+@contextmanager
+def plugged_delta(fn):
+    """While the block runs, every LoRALinear uses fn(x, A, B, scale, slot_of_row) -> [T, out]
+    (gathered_delta's signature) for its rows' deltas: lesson 13 plugs the learner's in."""
+    global _plugged
+    if not callable(fn):
+        raise TypeError(f"plugged_delta takes a function (x, A, B, scale, slot_of_row) -> delta, got {fn!r:.80}")
+    before, _plugged = _plugged, fn
+    try:
+        yield fn
+    finally:
+        _plugged = before

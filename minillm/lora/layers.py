@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .batched_delta import grouped_delta
+from . import batched_delta
+from .batched_delta import row_deltas
 from .packed_delta import StepLayout, packed_delta
 
 
@@ -71,7 +72,7 @@ class LoRALinear(nn.Module):
         x2, y2 = x.reshape(-1, x.shape[-1]), y.view(-1, y.shape[-1])
         if x2.shape[0] != rows.slot_of_row.shape[0]:
             raise RuntimeError(f"LoRA: {x2.shape[0]} rows but the step named slots for {rows.slot_of_row.shape[0]}")
-        if rows.layout is not None:
+        if rows.layout is not None and batched_delta._plugged is None:     # a lesson's plugged delta wins
             if any(s in t for t in self.targeted for s in rows.slots_present):
                 packed_delta(x2, y2, self.A_t, self.B_t, rows.scale, rows.layout)
             return y
@@ -79,7 +80,7 @@ class LoRALinear(nn.Module):
         for k, (_, out) in enumerate(self.subs):
             present = [s for s in rows.slots_present if s in self.targeted[k]]
             if present:
-                delta = grouped_delta(x2, self.A[k], self.B[k], rows.scale, rows.slot_of_row, present)
+                delta = row_deltas(x2, self.A[k], self.B[k], rows.scale, rows.slot_of_row, present)
                 y2[:, start:start + out] += delta.to(y2.dtype)
             start += out
         return y
