@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from minillm.bench import serve, throughput
+from minillm.bench import quant, serve, throughput
 from minillm.bench.llama_server import find_llama_server, llama_server_command
 from minillm.models.dummy import DUMMY_MARK
 
@@ -40,6 +40,13 @@ def test_throughput_runs_a_dummy_shape_and_marks_it(tiny_config, capsys):
     assert report["dummy_weights"] and DUMMY_MARK in report["model"]
     assert report["results"][0]["output_tokens"] > 0 and report["ratio"] is None
     assert DUMMY_MARK in capsys.readouterr().out
+
+
+def test_quant_runs_a_dummy_shape_and_marks_it(tiny_config):
+    report = quant.main(parse(quant, ["--hf-config", tiny_config, "--quick", "--num-prompts", "2",
+                                      "--quantization", "none", "--decode-tokens", "6"]))
+    assert report["settings"]["dummy_weights"] and DUMMY_MARK in report["settings"]["model"]
+    assert report["batch1_decode_tok_s"]["float32"] > 0
 
 
 def test_serve_against_llama_cpp_side_by_side(tiny_config):

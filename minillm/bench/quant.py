@@ -53,7 +53,8 @@ from ..sampling_params import SamplingParams
 from .against_llama_cpp import (BATCH1_RUNS, LLAMA_CPP_HINT, LLAMA_CPP_ROW, batched_label,  # noqa: F401
                                 batch1_llama_cpp, find_llama_cpp, measure_rest_llama_cpp, ratio_line)
 from .ceiling import read_bandwidth_bytes_per_second
-from .model_args import add_model_arguments, is_dummy_run, label, load, print_header, resolve_model_args
+from .model_args import (add_model_arguments, is_dummy_run, label, load, print_header, resolve_model_args,
+                         tokenizer_and_vocabulary)
 from .prefill import prefill_prompts, timed_prefill
 from .throughput import background_load, make_workload
 
@@ -208,9 +209,8 @@ def main(args) -> dict:
     print_header(args)
     llama_cpp, path = (find_llama_cpp(args.model, notes, args.load_format) if args.against == LLAMA_CPP_ROW
                        else (None, None))
-    model, tokenizer = load(args, device="cpu")
-    prompt_ids, vocab_size = tokenizer.encode(PROMPT_TEXT), model.config.vocab_size
-    del model                                            # each configuration loads its own
+    tokenizer, vocab_size = tokenizer_and_vocabulary(args)       # each configuration loads its own model
+    prompt_ids = tokenizer.encode(PROMPT_TEXT)
     args.decode_tokens = args.decode_tokens or (32 if args.quick else 128)
     if args.quick:
         workload = make_workload(args.num_prompts or 8, args.seed, vocab_size, (16, 64), (8, 32))
