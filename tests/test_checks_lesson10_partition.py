@@ -149,3 +149,24 @@ def test_the_graders_optimum_is_a_brute_force_over_every_cut():
         brute = min(max(sum(costs[a:b]) for a, b in zip((0, *cuts), (*cuts, n)))
                     for cuts in itertools.combinations(range(1, n), stages - 1))
         assert lesson10_partition.optimum(costs, stages) == brute
+
+
+# ---------------------------------------------------------------- the hook the lesson plugs the split into
+
+def test_the_engine_refuses_a_partition_fn_split_that_is_no_pipeline_before_starting_ranks():
+    """LLMEngine(partition_fn=...) checks the returned split (partition.check_split) before any rank
+    starts, and refuses partition_fn without pipeline stages; the real run is the lesson's last cell."""
+    from minillm import LLMEngine
+    from minillm.checks.harness import tiny_model
+    from minillm.distributed.partition import check_split
+    model, tokenizer = tiny_model()
+    layers = model.config.num_hidden_layers
+    with pytest.raises(ValueError, match=r"partition_fn returned \[range\(0, 1\)\]: expected 2 contiguous"):
+        LLMEngine(model, tokenizer, pipeline_parallel_size=2, num_kv_blocks=16, partition_fn=lambda c, s: [range(0, 1)])
+    with pytest.raises(ValueError, match="partition_fn splits the layers into pipeline stages"):
+        LLMEngine(model, tokenizer, num_kv_blocks=16, partition_fn=balanced_partition)
+    assert check_split((range(0, 1), range(1, layers)), layers, 2, "f") == [range(0, 1), range(1, layers)]
+    for bad in ([range(0, 1), range(2, layers)], [range(0, 0), range(0, layers)], [range(0, layers, 2), range(1, 2)],
+                [[0], range(1, layers)], [range(0, layers)]):
+        with pytest.raises(ValueError, match="f returned"):
+            check_split(bad, layers, 2, "f")

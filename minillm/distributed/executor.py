@@ -40,15 +40,18 @@ class TensorParallelError(RuntimeError):
     """A rank died or failed: the engine cannot go on."""
 
 
-def build_runner(model, resolved, config, slot_mapping_fn=slot_mapping, shard_layer_fn=None):
+def build_runner(model, resolved, config, slot_mapping_fn=slot_mapping, shard_layer_fn=None, partition_fn=None):
     """The engine's runner: a ModelRunner in this process, or N ranks with tensor_parallel_size N
-    (each sharding every decoder layer with `shard_layer_fn`, default sharding.shard_decoder_layer)."""
+    (each sharding every decoder layer with `shard_layer_fn`, default sharding.shard_decoder_layer),
+    or pipeline stages (layers split by `partition_fn`, default partition.balanced_partition)."""
     if getattr(config, "pipeline_parallel_size", 1) > 1 or getattr(config, "nnodes", 1) > 1:
         if slot_mapping_fn is not slot_mapping or shard_layer_fn is not None:
             raise ValueError("a custom slot_mapping_fn or shard_layer_fn runs with pipeline_parallel_size=1 and "
                              "nnodes=1 only")
         from .pipeline_executor import PipelineExecutor          # stages, possibly across machines
-        return PipelineExecutor(model, resolved, config)
+        return PipelineExecutor(model, resolved, config, partition_fn=partition_fn)
+    if partition_fn is not None:
+        raise ValueError("partition_fn splits the layers into pipeline stages: use pipeline_parallel_size >= 2")
     if config.tensor_parallel_size == 1:
         if shard_layer_fn is not None:
             raise ValueError("shard_layer_fn shards the layers over ranks: use tensor_parallel_size >= 2")

@@ -44,6 +44,18 @@ def balanced_partition(costs: list[float], stages: int) -> list[range]:
     return ranges[::-1]
 
 
+def check_split(ranges, layers: int, stages: int, who: str) -> list[range]:
+    """`ranges` as a list, if it is `stages` non-empty contiguous ranges covering layers 0..layers-1 in
+    order (a lesson's partition_fn is plugged in here); else a ValueError naming `who`."""
+    ranges = list(ranges)
+    ok = (len(ranges) == stages and all(isinstance(r, range) and r.step == 1 and len(r) for r in ranges)
+          and [r.start for r in ranges] == [0] + [r.stop for r in ranges[:-1]] and ranges[-1].stop == layers)
+    if not ok:
+        raise ValueError(f"{who} returned {ranges!r}: expected {stages} contiguous, non-empty ranges covering "
+                         f"layers 0..{layers - 1} in order")
+    return ranges
+
+
 def layer_costs(model) -> list[float]:
     """Each decoder layer's weight count; the last one also carries the head's (module doc)."""
     layers = model.model.layers

@@ -29,7 +29,7 @@ from ..runner.model_runner import ForwardOutput
 from ..utils.ports import free_port
 from . import wire
 from .node import ABORT_KEY, start_ranks, stop_ranks
-from .partition import balanced_partition, describe, layer_costs
+from .partition import balanced_partition, check_split, describe, layer_costs
 from .sharding import check_tensor_parallel_size
 from .stage import stage_tensor_names
 from .world import (Group, Layout, PipelineError, admit, broadcast_bytes, group_token, host_store, recv_bytes,
@@ -51,13 +51,14 @@ def refuse_combinations(config) -> None:
 
 
 class PipelineExecutor:
-    def __init__(self, model, resolved, config, verbose: bool = True):
+    def __init__(self, model, resolved, config, verbose: bool = True, partition_fn=None):
         refuse_combinations(config)
         check_tensor_parallel_size(model.config, config.tensor_parallel_size)
         self.layout = Layout(config.tensor_parallel_size, config.pipeline_parallel_size, config.nnodes)
         self.model, self.kv_cache, self.resolved, self.config = model, None, resolved, config
         costs = layer_costs(model)
-        self.stages = balanced_partition(costs, self.layout.pp)
+        self.stages = check_split((partition_fn or balanced_partition)(costs, self.layout.pp), len(costs),
+                                  self.layout.pp, "partition_fn" if partition_fn else "balanced_partition")
         if verbose:
             print(f"minillm pipeline: {self.layout.pp} stage(s) x {self.layout.tp} tensor-parallel rank(s) over "
                   f"{self.layout.nnodes} node(s)\n{describe(self.stages, costs)}", flush=True)

@@ -42,7 +42,7 @@ MAX_IDLE_STEPS = 100     # generate(): steps in a row that schedule nothing befo
 class LLMEngine:
     def __init__(self, model, tokenizer, config: EngineConfig | None = None, *,
                  allocator_cls=BlockAllocator, prefix_cache_cls=PrefixCache, scheduler_cls=Scheduler,
-                 block_manager_cls=BlockManager, slot_mapping_fn=slot_mapping, shard_layer_fn=None,
+                 block_manager_cls=BlockManager, slot_mapping_fn=slot_mapping, shard_layer_fn=None, partition_fn=None,
                  structured_outputs_cls=StructuredOutputs, speculator_cls=Speculator, **options):
         """Pass an EngineConfig or its fields as keyword options, not both. The *_cls and *_fn
         arguments are the seams where a lesson plugs in the learner's piece. The engine runs
@@ -54,7 +54,7 @@ class LLMEngine:
             raise TypeError(f"config must be an EngineConfig, got {type(config).__name__}")
         self.config = config = config or EngineConfig(**options)
         self.resolved = resolved = resolve_config(config, model)
-        self.runner = build_runner(model, resolved, config, slot_mapping_fn, shard_layer_fn)
+        self.runner = build_runner(model, resolved, config, slot_mapping_fn, shard_layer_fn, partition_fn)
         self.block_manager = block_manager_cls(resolved.num_kv_blocks, config.block_size,
                                                config.enable_prefix_caching, num_cpu_blocks=resolved.num_swap_blocks,
                                                allocator_cls=allocator_cls, prefix_cache_cls=prefix_cache_cls)
