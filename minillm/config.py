@@ -202,10 +202,7 @@ class EngineConfig(Validated):
             check_int(name, field_name, getattr(self, field_name), minimum=1, optional=True)
         for field_name in ("enable_prefix_caching", "enable_chunked_prefill"):
             check_bool(name, field_name, getattr(self, field_name))
-        check_int(name, "node_rank", self.node_rank, minimum=0)
-        if self.node_rank >= self.nnodes or (self.nnodes > 1 and not self.dist_init_addr):
-            fail(name, "node_rank/dist_init_addr", "node_rank < nnodes, and dist_init_addr HOST:PORT when nnodes > 1",
-                 (self.node_rank, self.nnodes, self.dist_init_addr))
+        check_int(name, "node_rank", self.node_rank, minimum=0)     # with nnodes, dist_init_addr: distributed/launch.py
         check_bool(name, "compile", self.compile)
         check_bool(name, "enable_lora", self.enable_lora)
         check_bool(name, "enforce_eager", self.enforce_eager)

@@ -33,8 +33,10 @@ def non_default(f: dataclasses.Field, parser: argparse.ArgumentParser) -> tuple[
     choices = parser._option_string_actions[flag(f.name)].choices
     if choices:
         value = next(c for c in choices if c not in (f.default, "none"))
-    elif f.name == "device":                          # the one free-form string
+    elif f.name == "device":                          # the free-form strings
         value = "cpu"
+    elif f.name == "dist_init_addr":
+        value = "10.0.0.1:29500"
     elif f.name == "speculative_config":              # the one JSON object
         return [flag(f.name), '{"method": "ngram", "num_speculative_tokens": 3}'], SpeculativeConfig(
             num_speculative_tokens=3)

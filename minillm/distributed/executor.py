@@ -44,6 +44,7 @@ def build_runner(model, resolved, config, slot_mapping_fn=slot_mapping, shard_la
     """The engine's runner: a ModelRunner in this process, or N ranks with tensor_parallel_size N
     (each sharding every decoder layer with `shard_layer_fn`, default sharding.shard_decoder_layer),
     or pipeline stages (layers split by `partition_fn`, default partition.balanced_partition)."""
+    check_group_options(config)
     if getattr(config, "pipeline_parallel_size", 1) > 1 or getattr(config, "nnodes", 1) > 1:
         if slot_mapping_fn is not slot_mapping or shard_layer_fn is not None:
             raise ValueError("a custom slot_mapping_fn or shard_layer_fn runs with pipeline_parallel_size=1 and "
@@ -59,6 +60,18 @@ def build_runner(model, resolved, config, slot_mapping_fn=slot_mapping, shard_la
     if slot_mapping_fn is not slot_mapping:
         raise ValueError("a custom slot_mapping_fn runs in this process only: use tensor_parallel_size=1")
     return TensorParallelExecutor(model, resolved, config, shard_layer_fn)
+
+
+def check_group_options(config) -> None:
+    """The multi-node options together: an engine is node 0; nnodes > 1 needs node 0's address."""
+    nnodes, node_rank = getattr(config, "nnodes", 1), getattr(config, "node_rank", 0)
+    if node_rank >= nnodes:
+        raise ValueError(f"node_rank={node_rank} must be less than nnodes={nnodes}")
+    if node_rank > 0:
+        raise ValueError(f"node_rank={node_rank} is a headless node, not an engine: run `python -m minillm worker` "
+                         "(or `serve --node-rank R`) there")
+    if nnodes > 1 and not getattr(config, "dist_init_addr", None):
+        raise ValueError(f"nnodes={nnodes} needs dist_init_addr HOST:PORT (node 0's address, where the others join)")
 
 
 def pickled_by_value(fn) -> bytes:
