@@ -115,3 +115,35 @@ def test_unsupported_combinations_are_refused_by_name(option, name):
     model, tokenizer = tiny_model()
     with pytest.raises(ValueError, match=f"{name} .*not supported with pipeline_parallel_size"):
         LLMEngine(model, tokenizer, num_kv_blocks=16, pipeline_parallel_size=2, **option)
+
+
+@pytest.mark.parametrize("rank_token", ["the-secret", "a-guess"])
+def test_only_a_rank_that_knows_the_token_is_admitted(rank_token):
+    """The rendezvous (world.py): the driver admits a rank only with an HMAC of its nonce under the
+    shared token; a stranger is refused by name, and told so (it never joins a group)."""
+    import threading
+
+    from minillm.distributed.world import PipelineError, admit, host_store, join_store, prove
+    from minillm.utils.ports import free_port
+    port = free_port()
+    store = host_store("127.0.0.1", port, 10.0)
+    seen = {}
+
+    def rank():
+        try:
+            prove(join_store("127.0.0.1", port, 10.0), 1, rank_token)
+            seen["rank"] = "admitted"
+        except PipelineError as e:
+            seen["rank"] = str(e)
+    thread = threading.Thread(target=rank)
+    thread.start()
+    if rank_token == "the-secret":
+        admit(store, [1], "the-secret", 10.0)
+    else:
+        with pytest.raises(PipelineError, match="rank 1 presented a wrong token"):
+            admit(store, [1], "the-secret", 10.0)
+    thread.join(10)
+    if rank_token == "the-secret":
+        assert seen["rank"] == "admitted"
+    else:
+        assert "does not know our MINILLM_DIST_TOKEN" in seen["rank"]

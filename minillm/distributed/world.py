@@ -137,12 +137,13 @@ def admit(store: TCPStore, ranks: list[int], token: str, timeout_s: float, where
 
 
 def prove(store: TCPStore, rank: int, token: str) -> None:
-    """A rank: check the driver's proof, give ours, wait to be admitted (PipelineError if not)."""
+    """A rank: give our proof (bound to this nonce and rank: worthless elsewhere; the driver can
+    then say 'wrong token' at once), check the driver's, wait to be admitted (PipelineError if not)."""
     store.wait(["minillm/nonce", "minillm/proof/0"])
     nonce = store.get("minillm/nonce").decode()
+    store.set(f"minillm/proof/{rank}", _proof(token, nonce, f"rank{rank}"))
     if not hmac.compare_digest(store.get("minillm/proof/0").decode(), _proof(token, nonce, "driver")):
         raise PipelineError(f"the driver at this address does not know our {TOKEN_ENV}: refusing to join it")
-    store.set(f"minillm/proof/{rank}", _proof(token, nonce, f"rank{rank}"))
     store.wait(["minillm/admitted"])
     if store.get("minillm/admitted") != b"yes":
         raise PipelineError("the driver refused the group (a rank's token was wrong or a rank never came)")
