@@ -25,7 +25,7 @@ def report(tmp_path_factory):
     model, tok = load_model("tiny-llama")
     workload = make_workload(6, 0, model.config.vocab_size, (8, 40), (4, 10))
     root = tmp_path_factory.mktemp("adapters")
-    out = run_bench(model, tok, EngineConfig(num_kv_blocks=256), workload, COUNTS, DELTAS, root=root)
+    out = run_bench(model, tok, EngineConfig(num_kv_blocks=256), workload, COUNTS, DELTAS, root=root, std=0.5)
     return model, workload, out
 
 
