@@ -7,16 +7,26 @@ block from solutions/ (the same cell id), exactly as a student types it in. `PLA
 plausible mistake per exercise (a text of the solution and what replaces it, and words the
 exercise's hint must hold); `test_every_exercise_has_a_planted_bug` fails as soon as a lesson
 gains an exercise without one.
+
+Submissions are cut to what grading needs (each kernel start and each check costs seconds):
+`trim` keeps the badge, setup cell, imports, exercises and checks; `lean` then keeps, of the
+imports cell, only what the kept cells use (no model load, no `matplotlib` or `openai` import
+where nothing kept needs them); `planted_submission` keeps, of the other exercises' check cells,
+those whose check can reach the planted exercise's code (`checks_seeing`).
 """
 from __future__ import annotations
 
+import ast
 import json
 import re
+import symtable
 from pathlib import Path
 
 import nbformat
 
 from minillm.course.build import BEGIN, END, STUB, exercise_of, read
+from minillm.course.isolate import plan
+from minillm.course.tamper_scan import parse, python_source
 
 REPO = Path(__file__).resolve().parents[1]
 LESSON_NAME = re.compile(r"^(\d\d)_.+\.ipynb$")
@@ -170,3 +180,98 @@ def planted(exercise: str):
     cells[0].source = cells[0].source.replace(old, new)
     return nb
 
+
+
+def used_names(tree) -> set[str]:
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+
+
+def global_names(source: str) -> set[str]:
+    """The global names a cell reads, in any of its scopes (a parameter named `tokenizer` is not
+    the notebook's `tokenizer`)."""
+    names, todo = set(), [symtable.symtable(python_source(source), "<cell>", "exec")]
+    while todo:
+        table = todo.pop()
+        todo += table.get_children()
+        module = table.get_type() == "module"
+        names |= {s.get_name() for s in table.get_symbols() if s.is_referenced() and (module or s.is_global())}
+    return names
+
+
+def bound_names(node) -> set[str]:
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return {a.asname or a.name.split(".")[0] for a in node.names}
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)} | \
+        {n.name for n in ast.walk(node) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+
+
+def lean(nb):
+    """`nb` (trimmed) with its imports cell cut to what the other cells use, as a student who
+    deleted the rest: an import nothing uses goes, and so do the model's load and every statement
+    that uses what it made, unless a kept cell uses one of those names. Other statements stay
+    (lesson 08's TRITON_INTERPRET line, the seed). Grading never runs this cell outside the kernel
+    (the verdict process runs the lesson's own imports), so this changes no verdict."""
+    at = next(i for i, c in enumerate(nb.cells) if i >= 2 and c.cell_type == "code")
+    imports = nb.cells[at]
+    tree = parse(imports.source)
+    if tree is None:
+        return nb
+    try:
+        needed = set().union(*(global_names(c.source) for i, c in enumerate(nb.cells) if c.cell_type == "code" and i != at))
+    except SyntaxError:
+        return nb
+    model = set()                     # the model's load, then every statement using what it made
+    made = set()
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+                and getattr(node.value.func, "id", None) == "load_model") or used_names(node) & made:
+            model.add(id(node))
+            made |= bound_names(node)
+    if made & needed:
+        model = set()
+    kept = []
+    for node in reversed(tree.body):
+        if id(node) in model or (isinstance(node, (ast.Import, ast.ImportFrom)) and not bound_names(node) & needed):
+            continue
+        kept.append(node)
+        needed |= used_names(node)
+    lines = imports.source.split("\n")
+    imports.source = "\n".join("\n".join(lines[n.lineno - 1:n.end_lineno]) for n in reversed(kept))
+    return nb
+
+
+def checks_seeing(exercise: str) -> set[str]:
+    """The exercises whose check can reach `exercise`'s code: its own, and those whose cells (the
+    exercise cells and the check cell) use a name its cells define, transitively (lesson 01's
+    generate_naive calls sample, which calls apply_top_k). Any other check gets only objects that
+    never touch the planted exercise's code."""
+    number = PLANTED[exercise][0]
+    the_plan, nb = plan(lesson(number)), honest(number)
+    source = {c.get("id"): c.source for c in nb.cells}
+    defines = {e: set() for e in EXERCISES[number]}
+    uses = {e: set() for e in EXERCISES[number]}
+    for cell_id, graded in the_plan.cells.items():
+        for e in graded:
+            defines[e] |= the_plan.names[cell_id]
+            uses[e] |= used_names(parse(source[cell_id]))
+    for c in nb.cells:
+        if exercise_of(c):
+            uses[exercise_of(c)] |= used_names(parse(c.source))
+    seeing, todo = {exercise}, [exercise]
+    while todo:
+        reached = defines[todo.pop()]
+        for e in EXERCISES[number]:
+            if e not in seeing and uses[e] & reached:
+                seeing.add(e)
+                todo.append(e)
+    return seeing
+
+
+def planted_submission(exercise: str):
+    """The notebook the planted-bug student hands in: `planted(exercise)` trimmed and lean, with
+    the check cells of the exercises that cannot see the planted code deleted (a check of code the
+    bug cannot reach would only cost seconds: they are reported "check cell missing")."""
+    number, seeing = PLANTED[exercise][0], checks_seeing(exercise)
+    nb = trim(planted(exercise), number)
+    nb.cells = [c for c in nb.cells if not exercise_of(c) or exercise_of(c) in seeing]
+    return lean(nb)

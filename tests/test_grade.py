@@ -6,19 +6,20 @@ exercise of the course, each in a notebook of its own (exactly that exercise fai
 hint), a deleted and an edited check cell, hidden checks (--extra-checks), cheats (each attack gets 0 for the attacked exercise, with
 a message naming it: the six attacks of issue 19 on lesson 00, and again over lessons 01, 03,
 04, 05, 06 and 08, several attacks per notebook where a lesson has several exercises, plus
-exercises that merely call the package's answer), and, in a second run with a short timeout
-and the flat `student__NN_name.ipynb` layout, a notebook that hangs, one whose imports fail
-and one that is not a notebook. `python -m minillm.course self-check` on notebooks of the class
+exercises that merely call the package's answer), and, in the flat `student__NN_name.ipynb`
+layout beside those folders, a notebook whose imports fail and one that is not a notebook; in a
+second run with a short timeout, a notebook that hangs. `python -m minillm.course self-check` on notebooks of the class
 gives grade's verdicts (exit 0 for the honest one, 1 with the hint for a planted mistake).
 
 To keep the run short, submissions keep only the cells grading needs (the badge, the setup
 cell, the imports, the exercises and their checks), as a student who deleted the rest
-would; the full lessons run in the notebook tests. Only the reference student's imports cell
-still loads the lesson's model (no kept cell uses it; in every other kernel it would cost
-seconds and prove nothing about grading). The class is graded once per test
+would; the full lessons run in the notebook tests. Only the reference student keeps its whole
+imports cell, model load included; every other student's keeps only what its cells use
+(grading_class.lean), and a planted-bug student keeps only the check cells that can reach its
+bug (grading_class.planted_submission: the others would cost seconds and prove nothing about
+that bug). The three hooks of issue 19 that the static scan reports as tampering share one
+notebook (each must be named in its message). The class is graded once per test
 session, also under xdist (the first worker grades, the others read its result).
-Measured on the 2-core machine, otherwise idle: the class (57 notebooks, --jobs 2) takes 265 s;
-the whole file 11 min on a machine loaded by other work.
 """
 import ast
 import json
@@ -30,7 +31,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from grading_class import EXERCISES, LESSONS, PLANTED, REPO, honest, planted, trim
+from grading_class import EXERCISES, LESSONS, PLANTED, REPO, checks_seeing, honest, lean, planted_submission, trim
 from grading_class import lesson as lesson_notebook
 from minillm.course.build import make_lesson, read, strip_markers
 from minillm.course.grade import Record, table
@@ -81,7 +82,8 @@ def transformer(check: str) -> str:
 # six attacks: 1 the package's answer imported, 2 an empty subclass (or an alias) of the reference,
 # 3 a raises-exception tag on the check cell, 4 the grader monkeypatched, 5 set_custom_exc
 # swallowing failures, 6 an input transformer rewriting the check call; and 7, an exercise that
-# merely calls the package's answer (by module, through super(), or in a Triton kernel).
+# merely calls the package's answer (by module, through super(), or in a Triton kernel). 4, 5 and 6
+# on lesson 00 share one notebook: its exercise's message must name each of them.
 CHEATS = {
     "cheat_import": ("00", [(lambda nb: exercise_cell(nb, "c19", "from minillm.models.llama import apply_rope"),
                              "rope", ["not written in the notebook", "minillm.models.llama"])]),
@@ -91,11 +93,11 @@ CHEATS = {
         "block_allocator", ["not written in the notebook", "inherited from minillm.kv.block_allocator.BlockAllocator"])]),
     "cheat_tag": ("00", [(lambda nb: tag(nb, "check-rope", "raises-exception"), "rope",
                           ["check cell modified", "raises-exception"])]),
-    "cheat_monkeypatch": ("00", [(lambda nb: append(nb, "c19", monkeypatch("check_rope")), "rope",
-                                  ["tampering", "minillm.checks.check_rope"])]),
-    "cheat_custom_exc": ("00", [(lambda nb: append(nb, "c19", CUSTOM_EXC), "rope", ["tampering", "set_custom_exc"])]),
-    "cheat_transformer": ("00", [(lambda nb: append(nb, "c19", transformer("check_rope")), "rope",
-                                  ["tampering", "input_transformers_post"])]),
+    "cheat_hooks": ("00", [(lambda nb: append(nb, "c19", monkeypatch("check_rope")), "rope",
+                            ["tampering", "minillm.checks.check_rope"]),
+                           (lambda nb: append(nb, "c19", CUSTOM_EXC), "rope", ["tampering", "set_custom_exc"]),
+                           (lambda nb: append(nb, "c19", transformer("check_rope")), "rope",
+                            ["tampering", "input_transformers_post"])]),
     "cheat_01": ("01", [
         (lambda nb: exercise_cell(nb, "c09", "from minillm.sample.sampler import apply_top_k"), "top_k",
          ["not written in the notebook", "minillm.sample.sampler"]),
@@ -130,7 +132,8 @@ CHEATS = {
         nb, "a8c00010", "from minillm.attention.triton_decode import paged_decode_kernel as my_paged_decode_kernel"),
         "paged_decode_kernel", ["not written in the notebook", "minillm.attention.triton_decode"])]),
 }
-ATTACKS = [(student, exercise) for student, (_, attacks) in CHEATS.items() for _, exercise, _ in attacks]
+ATTACKS = [pytest.param(student, exercise, words, id=f"{student}-{exercise}-{words[-1][:24]}")
+           for student, (_, attacks) in CHEATS.items() for _, exercise, words in attacks]
 
 
 def notebook(number: str, stubs: bool, loads_the_model: bool = False):
@@ -212,22 +215,27 @@ def grade_class(tmp_path_factory, out: Path):
     for lesson, name in LESSONS.items():
         write(notebook(lesson, stubs=False, loads_the_model=True), folder / "reference" / name)
         if lesson in STUBBED:
-            write(notebook(lesson, stubs=True), folder / "stubs" / name)
+            write(lean(notebook(lesson, stubs=True)), folder / "stubs" / name)
     for exercise, (lesson, _, _, _) in PLANTED.items():
-        write(trim(planted(exercise), lesson), folder / f"bug_{exercise}" / LESSONS[lesson])
+        write(planted_submission(exercise), folder / f"bug_{exercise}" / LESSONS[lesson])
     deleted = notebook("03", stubs=False)
     deleted.cells = [c for c in deleted.cells if c.get("id") != "check-slot_mapping"]
-    write(deleted, folder / "tamper" / LESSONS["03"])
+    write(lean(deleted), folder / "tamper" / LESSONS["03"])
     edited = notebook("00", stubs=False)
-    write(replace(edited, "check_rope(apply_rope)", "print('skipped')"), folder / "tamper" / LESSONS["00"])
+    write(lean(replace(edited, "check_rope(apply_rope)", "print('skipped')")), folder / "tamper" / LESSONS["00"])
     for student, (lesson, attacks) in CHEATS.items():         # each on the stubs: nothing honest to pass
         nb = notebook(lesson, stubs=True)
         for cheat, _, _ in attacks:
             nb = cheat(nb)
-        write(nb, folder / student / LESSONS[lesson])
-    write(exercise_cell(notebook("00", stubs=True), "c19", HONEST_ROPE), folder / "honest" / LESSONS["00"])
+        write(lean(nb), folder / student / LESSONS[lesson])
+    write(lean(exercise_cell(notebook("00", stubs=True), "c19", HONEST_ROPE)), folder / "honest" / LESSONS["00"])
+    # the flat layout, mixed with the folders: a notebook whose imports fail, and one that is not a notebook
+    broken = replace(notebook("04", stubs=False), "from minillm.engine.sequence import Sequence",
+                     "from minillm.engine.sequence import Sequense")
+    write(broken, folder / "noimport__04_prefix_sharing.ipynb")
+    (folder / "garbled__03_paged_kv.ipynb").write_text("{ not json")
     (out / "hidden_checks.py").write_text(EXTRA)
-    # about 55 notebooks, ~10 s of CPU each: ~5 minutes on 2 free cores; the limit leaves room for a loaded machine
+    # about 53 notebooks, ~8 s of CPU each: ~4 minutes on 2 free cores; the limit leaves room for a loaded machine
     return grade(folder, out, "--timeout", "240", "--jobs", "2", "--extra-checks", str(out / "hidden_checks.py"),
                  timeout=2400)
 
@@ -256,13 +264,18 @@ def test_stubs_fail_everything_with_not_implemented(graded):
 
 @pytest.mark.parametrize("exercise", list(PLANTED))
 def test_one_planted_bug_fails_exactly_its_exercise(graded, exercise):
+    """Of the checks that can reach the planted code (its own, and those of exercises whose cells
+    use what it defines: grading_class.checks_seeing), exactly its own fails, with its hint; the
+    submission holds no other check cell (each reported missing)."""
     _, records = graded
     lesson, _, _, hint = PLANTED[exercise]
-    student = f"bug_{exercise}"
+    student, seeing = f"bug_{exercise}", checks_seeing(exercise)
     mine = {k[2]: r for k, r in records.items() if k[:2] == (student, lesson) and "extra" not in k[2]}
-    failed = [e for e, r in mine.items() if not r["passed"]]
+    assert set(mine) == set(EXERCISES[lesson]), mine
+    failed = [e for e, r in mine.items() if e in seeing and not r["passed"]]
     assert failed == [exercise], mine
     assert hint in mine[exercise]["message"], mine[exercise]
+    assert all(r["message"].startswith("check cell missing") for e, r in mine.items() if e not in seeing), mine
 
 
 def test_deleted_or_edited_check_cell_fails_that_exercise(graded):
@@ -273,16 +286,14 @@ def test_deleted_or_edited_check_cell_fails_that_exercise(graded):
     assert not records["tamper", "00", "rope"]["passed"]
 
 
-@pytest.mark.parametrize("student, exercise", ATTACKS)
-def test_a_cheat_gets_nothing_for_the_attacked_exercise(graded, student, exercise):
+@pytest.mark.parametrize("student, exercise, words", ATTACKS)
+def test_a_cheat_gets_nothing_for_the_attacked_exercise(graded, student, exercise, words):
     """1 the package's answer imported, 2 an empty subclass or an alias of the reference, 3 a
     raises-exception tag on the check cell, 4 the grader monkeypatched, 5 set_custom_exc swallowing
     failures, 6 an input transformer rewriting the check call, 7 a function or method that calls the
     package's answer: each passes under nbval, none is graded so, and the message names it."""
     _, records = graded
-    lesson, attacks = CHEATS[student]
-    words = next(w for _, e, w in attacks if e == exercise)
-    r = records[student, lesson, exercise]
+    r = records[student, CHEATS[student][0], exercise]
     assert not r["passed"], r
     for word in words:
         assert word in r["message"], r
@@ -317,38 +328,47 @@ def self_check(notebook: Path, tmp_path: Path):
 
 def test_self_check_gives_the_graders_verdicts(graded, tmp_path):
     """A student's `self-check` of one notebook: grade's verdicts and hints for it (the same
-    function grades it), a table, exit 0 when every exercise passes and 1 when one fails."""
+    function grades it), a table, exit 0 when every exercise passes (lesson 00's honest student)
+    and 1 when one fails (lesson 01's planted sampler bug: that check fails with its hint, the
+    generate_naive check passes, the two check cells its submission lacks are missing)."""
     _, records = graded
-    run, mine = self_check(OUT[0] / "class" / "reference" / LESSONS["09"], tmp_path)
-    assert run.returncode == 0 and re.search(r"^int8_quantizer +passed$", run.stdout, re.M), run.stdout
-    assert "2/2 exercises pass" in run.stdout
-    assert {e: r["passed"] for e, r in mine.items()} == {"int8_quantizer": True, "int4_quantizer": True}
-    run, mine = self_check(OUT[0] / "class" / "bug_int4_quantizer" / LESSONS["09"], tmp_path)
+    run, mine = self_check(OUT[0] / "class" / "honest" / LESSONS["00"], tmp_path)
+    assert run.returncode == 0 and re.search(r"^rope +passed$", run.stdout, re.M), run.stdout
+    assert "1/1 exercises pass" in run.stdout
+    assert {e: r["passed"] for e, r in mine.items()} == {"rope": True}
+    run, mine = self_check(OUT[0] / "class" / "bug_sampler" / LESSONS["01"], tmp_path)
     assert run.returncode == 1, run.stdout + run.stderr
-    assert re.search(r"^int4_quantizer +FAILED +dequantize_int4 forgets the minimum", run.stdout, re.M), run.stdout
-    assert "1/2 exercises pass" in run.stdout
-    graders = {k[2]: r for k, r in records.items() if k[:2] == ("bug_int4_quantizer", "09")}
+    assert re.search(r"^sampler +FAILED +\S", run.stdout, re.M) and PLANTED["sampler"][3] in run.stdout, run.stdout
+    assert re.search(r"^generate_naive +passed$", run.stdout, re.M), run.stdout
+    assert re.search(r"^top_k +FAILED +check cell missing", run.stdout, re.M), run.stdout
+    assert "1/4 exercises pass" in run.stdout
+    graders = {k[2]: r for k, r in records.items() if k[:2] == ("bug_sampler", "01")}
     assert {e: (r["passed"], r["message"]) for e, r in mine.items()} == \
         {e: (r["passed"], r["message"]) for e, r in graders.items()}
 
 
-def test_hang_import_error_and_unreadable_notebook_are_reported(tmp_path):
-    folder, out = tmp_path / "flat", tmp_path / "out"
-    out.mkdir()
-    hang = replace(notebook("00", stubs=False), "    xf = x.float()", "    while True:\n        time.sleep(0.5)")
-    write(hang, folder / "hangs__00_setup_and_tour.ipynb")
-    broken = replace(notebook("04", stubs=False), "from minillm.engine.sequence import Sequence",
-                     "from minillm.engine.sequence import Sequense")
-    write(broken, folder / "noimport__04_prefix_sharing.ipynb")
-    (folder / "garbled__03_paged_kv.ipynb").write_text("{ not json")
-    stdout, records = grade(folder, out, "--timeout", "25")
-    assert records["hangs", "00", "rope"]["message"].startswith("timed out"), records
+def test_import_error_and_unreadable_notebook_are_reported(graded):
+    """Two notebooks of the class in the flat layout (`student__NN_name.ipynb`, beside the
+    students' folders): one whose imports fail, one that is not a notebook."""
+    _, records = graded
     for exercise in EXERCISES["04"]:
         r = records["noimport", "04", exercise]
         assert not r["passed"] and "raised before this check" in r["message"] and "ImportError" in r["message"], r
     assert all(records["garbled", "03", e]["message"].startswith("notebook could not be read")
                for e in EXERCISES["03"])
-    assert not any(r["passed"] for r in records.values())
+    assert not any(r["passed"] for k, r in records.items() if k[0] in ("noimport", "garbled"))
+
+
+def test_hang_is_reported(tmp_path):
+    """A notebook that never ends is killed at the limit (the run's wall time is that limit, so it
+    is short: whether the kernel was still starting or in the endless cell, it timed out)."""
+    folder, out = tmp_path / "flat", tmp_path / "out"
+    out.mkdir()
+    hang = replace(notebook("00", stubs=False), "    xf = x.float()", "    while True:\n        time.sleep(0.5)")
+    write(hang, folder / "hangs__00_setup_and_tour.ipynb")
+    stdout, records = grade(folder, out, "--timeout", "10")
+    assert records["hangs", "00", "rope"]["message"].startswith("timed out"), records
+    assert not records["hangs", "00", "rope"]["passed"]
 
 
 def test_grading_run_that_fails_exits_non_zero(tmp_path):

@@ -2,8 +2,9 @@
 here), and the grader's static scan tells a lesson's own imports from tampering."""
 import pytest
 
-from grading_class import EXERCISES, LESSONS, PLANTED, honest, planted, stubbed_cells
-from minillm.course.build import STUB
+from grading_class import (EXERCISES, LESSONS, PLANTED, bound_names, checks_seeing, global_names, honest, lean,
+                           planted, planted_submission, stubbed_cells, trim)
+from minillm.course.build import STUB, exercise_of
 from minillm.course.isolate import plan
 from minillm.course.tamper_scan import STUDENT_IMPORTS, import_keys, parse, scan
 
@@ -33,6 +34,37 @@ def test_planted_bug_changes_one_exercise_cell(exercise):
     before, after = honest(number), planted(exercise)
     changed = [a.get("id") for b, a in zip(before.cells, after.cells) if a.source != b.source]
     assert len(changed) == 1 and changed[0] in stubbed_cells(number)
+
+
+@pytest.mark.parametrize("number", list(LESSONS))
+def test_lean_imports_cell_binds_every_name_the_other_cells_read(number):
+    """grading_class.lean cuts a submission's imports cell: every name it bound that a kept cell
+    reads is still bound (the cut notebook runs as the whole one did), and the model is loaded
+    only where a kept cell uses it (lessons 10 to 12's exercises do not)."""
+    import ast
+    nb = trim(honest(number), number)
+    whole = ast.parse(nb.cells[2].source)
+    cut = lean(trim(honest(number), number))
+    read = set().union(*(global_names(c.source) for c in cut.cells[3:] if c.cell_type == "code"))
+    before = set().union(*map(bound_names, whole.body))
+    after = set().union(*map(bound_names, ast.parse(cut.cells[2].source).body))
+    assert (before & read) <= after, sorted((before & read) - after)
+    assert ("load_model(" in cut.cells[2].source) == bool({"model", "tokenizer"} & read)
+    assert len(cut.cells[2].source) <= len(nb.cells[2].source)
+
+
+def test_planted_submission_holds_the_checks_that_can_see_its_bug():
+    """A planted-bug student's notebook keeps the check cells of its exercise and of those whose
+    cells use what it defines (lesson 01: sample calls apply_top_k and apply_top_p, generate_naive
+    calls sample); the others are deleted, the exercise cells all stay."""
+    assert checks_seeing("top_k") == {"top_k", "sampler", "generate_naive"}
+    assert checks_seeing("sampler") == {"sampler", "generate_naive"}
+    assert checks_seeing("generate_naive") == {"generate_naive"}
+    for exercise, (number, _, new, _) in PLANTED.items():
+        nb = planted_submission(exercise)
+        assert {exercise_of(c) for c in nb.cells if exercise_of(c)} == checks_seeing(exercise)
+        assert stubbed_cells(number) <= {c.get("id") for c in nb.cells}
+        assert any(new in c.source for c in nb.cells if c.get("id") in stubbed_cells(number))
 
 
 def test_scan_lets_a_lessons_own_imports_pass():
