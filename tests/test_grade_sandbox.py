@@ -10,7 +10,12 @@ source exec'd under a notebook label, its code relabelled (`co_filename`), `gc` 
 a forged verdict line then `os._exit`, a write into the installed package, a read of the hidden
 checks (the test hands it their path), a write into another student's notebook, a double-forked
 `setsid` daemon that rewrites the grade files, a memory hog; and lesson 12's choice constraint
-(graded outside too) wrapping the package's class, built and called in another thread. Each attacked exercise gets 0, the
+(graded outside too) wrapping the package's class, built and called in another thread; lesson 03's
+block allocator and slot mapping (engine-driven, judged outside with the student's objects across
+the sandbox) attacked by thread, exec under a notebook label, subprocess, `gc`, `co_filename`
+relabelling, a write into the installed package and a forged verdict line (tests/test_grade.py grades
+every lesson's honest and planted students in the sandbox: lessons 04-06's classes, which get the
+engine's sequences and block manager across it, included). Each attacked exercise gets 0, the
 honest students (graded after the attackers) pass, no hidden-check text is in any output, no
 process of the class is left, and the grade files are unchanged after grading ends.
 
@@ -32,12 +37,13 @@ from minillm.course.build import exercise_of
 from minillm.course.isolate import plan
 
 sys.path.insert(0, str(Path(__file__).parent))
-from grading_class import LESSONS, honest, lesson  # noqa: E402
+from grading_class import EXERCISES, LESSONS, honest, lesson, trim  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 MARK = "H8-SECRET-HIDDEN-7f3a"                      # in the hidden checks' source only
 DAEMON = "H8-DAEMON-91c2"                           # in the daemon's command line
+GRADED = ("10", "11", "12")
 
 
 def _bwrap_problem():
@@ -57,7 +63,8 @@ def trimmed(nb, number: str):
 
 def student(number: str, stubs: bool = False, **cells: str):
     """Lesson `number` solved (or its stubs), trimmed, with exercise cells replaced by id."""
-    nb = trimmed(lesson(number) if stubs else honest(number), number)
+    base = lesson(number) if stubs else honest(number)
+    nb = trim(base, number) if number == "03" else trimmed(base, number)   # 03's checks need a cell more
     for cell_id, source in cells.items():
         cell = next(c for c in nb.cells if c.get("id") == cell_id.replace("_", "-"))
         cell.source = source
@@ -239,6 +246,36 @@ class MyChoiceConstraint:
 '''
 
 
+# lesson 03: engine-driven exercises, judged outside with the student's objects across the sandbox
+ALLOCATOR = "c09"
+THREAD_SLOTS = THREAD.replace("from minillm.spec import ngram as _pkg", "from minillm.attention import paged as _pkg") \
+    .replace("propose_ngram, tokens, k, min_n, max_n", "slot_mapping, block_table, positions, block_size") \
+    .replace("propose_ngram(tokens, k, min_n, max_n)", "slot_mapping(block_table, positions, block_size)")
+EXEC_ALLOCATOR = '''import minillm.kv.block_allocator as _b
+_space = {"__name__": "mine"}
+exec(compile(open(_b.__file__).read(), "<note" + "book cell 9>", "exec"), _space)
+BlockAllocator, NoFreeBlocksError = _space["BlockAllocator"], _space["NoFreeBlocksError"]
+'''
+SUBPROCESS_SLOTS = SUBPROCESS.replace("from minillm.spec.ngram import propose_ngram as p",
+                                      "from minillm.attention.paged import slot_mapping as p") \
+    .replace("def propose_ngram(tokens, k, min_n, max_n):", "def slot_mapping(block_table, positions, block_size):") \
+    .replace("[tokens, k, min_n, max_n]", "[list(block_table), list(positions), block_size]")
+RELABEL_SLOTS = '''from minillm.attention import paged as _p
+_f = _p.slot_mapping
+slot_mapping = type(_f)(getattr(_f, "__co" + "de__").replace(co_filename="<note" + "book cell 3>"),
+                        getattr(_f, "__glo" + "bals__"), "slot_mapping")
+'''
+FORGE_SLOTS = FORGE.replace("from minillm.spec.ngram import propose_ngram as _theirs",
+                            "from minillm.attention.paged import slot_mapping as _theirs") \
+    .replace("def propose_ngram(tokens, k, min_n, max_n):\n    return _theirs(tokens, k, min_n, max_n)",
+             "def slot_mapping(block_table, positions, block_size):\n    return _theirs(block_table, positions, block_size)") \
+    .replace('("ngram_proposer", "rejection_sampler")', '("block_allocator", "slot_mapping", "paged_attention")')
+
+
+def with_stub_class(prefix: str, number: str, cell_id: str) -> str:
+    return prefix + "\n\n" + stub_of(number, cell_id)
+
+
 def hidden_checks(path: Path) -> None:
     path.write_text(f'''# hidden checks for lesson 11: {MARK}
 def lesson11_repeat_proposes(ns):
@@ -257,6 +294,10 @@ ATTACKERS = {"a_thread_exec": ("11", ["ngram_proposer", "rejection_sampler"]),
              "a_daemon_hog": ("11", ["ngram_proposer", "rejection_sampler"]),
              "a_pool": ("10", ["router_choice"]),
              "a_thread_12": ("12", ["choice_constraint"])}
+ATTACKERS03 = {"a3_thread_exec": ["block_allocator", "slot_mapping"],
+               "a3_subprocess_gc": ["block_allocator", "slot_mapping"],
+               "a3_relabel_pkgwrite": ["block_allocator", "slot_mapping"],
+               "a3_forge": ["slot_mapping"]}
 
 
 def write(nb, path: Path):
@@ -305,18 +346,52 @@ def attacked(tmp_path_factory):
     write(student("11", t11_05=daemon(out / "grades.json"), t11_10=HOG), folder / "a_daemon_hog" / LESSONS["11"])
     write(student("10", t10_18=POOL), folder / "a_pool" / LESSONS["10"])
     write(student("12", t12_18=THREAD_CLASS), folder / "a_thread_12" / LESSONS["12"])
-    for number in ("10", "11", "12"):
+    for number in GRADED:
         write(student(number), folder / "honest" / LESSONS[number])
     write(student("11"), victim)
     write(student("11", stubs=True), folder / "zz_stub" / LESSONS["11"])
     victim_bytes = victim.read_bytes()
     env = dict(os.environ, MINILLM_GRADE_MEMORY=str(3 << 30))
-    run, records = grade(folder, out, "--lessons", "10,11,12", "--extra-checks", str(hidden), "--timeout", "300",
+    run, records = grade(folder, out, "--lessons", ",".join(GRADED), "--extra-checks", str(hidden), "--timeout", "300",
                          env=env)
     files = {name: (out / name).read_bytes() for name in ("grades.json", "grades.csv")}
     time.sleep(3)                                            # a daemon would have written by now
     return {"run": run, "records": records, "out": out, "files": files, "victim": (victim, victim_bytes),
-            "package": (package_file, before)}
+            "package": [(package_file, before)]}
+
+
+@pytest.fixture(scope="module")
+def attacked03(tmp_path_factory):
+    """Lesson 03 (engine-driven, judged outside): four attackers and an honest student, graded once."""
+    problem = _bwrap_problem()
+    if problem:
+        pytest.skip(f"no sandbox on this machine: {problem}")
+    folder, out = tmp_path_factory.mktemp("class03"), tmp_path_factory.mktemp("out03")
+    write(student("03", True, c09=EXEC_ALLOCATOR, c12=THREAD_SLOTS), folder / "a3_thread_exec" / LESSONS["03"])
+    write(student("03", True, c09=with_stub_class(GC.split("\n\n\ndef ")[0], "03", ALLOCATOR), c12=SUBPROCESS_SLOTS),
+          folder / "a3_subprocess_gc" / LESSONS["03"])
+    write(student("03", True, c09=with_stub_class(PACKAGE_WRITE.split("\n\n\ndef ")[0].replace(
+        "lesson11_rejection", "lesson03"), "03", ALLOCATOR), c12=RELABEL_SLOTS),
+        folder / "a3_relabel_pkgwrite" / LESSONS["03"])
+    write(student("03", True, c12=FORGE_SLOTS), folder / "a3_forge" / LESSONS["03"])
+    write(student("03"), folder / "honest" / LESSONS["03"])
+    package_file = REPO / "minillm" / "checks" / "lesson03.py"
+    before = hashlib.sha256(package_file.read_bytes()).hexdigest()
+    run, records = grade(folder, out, "--lessons", "03", "--timeout", "300")
+    return {"records": records, "package": (package_file, before)}
+
+
+def test_engine_driven_lesson_attacked_gets_nothing_honest_passes(attacked03):
+    """Lesson 03's allocator and slot mapping, which the grader plugs into the engine outside the
+    sandbox: every attack scores 0, the package is untouched, the honest student passes all three."""
+    records = attacked03["records"]
+    for name, exercises in ATTACKERS03.items():
+        for exercise in exercises:
+            assert not records[name, "03", exercise]["passed"], records[name, "03", exercise]
+    honest03 = {k[2]: r for k, r in records.items() if k[0] == "honest"}
+    assert set(honest03) == set(EXERCISES["03"]) and all(r["passed"] for r in honest03.values()), honest03
+    path, before = attacked03["package"]
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before
 
 
 def test_every_attacked_exercise_gets_nothing(attacked):
@@ -334,7 +409,7 @@ def test_honest_students_pass_and_are_untouched(attacked):
     for name in ("honest", "zz_victim"):
         mine = {k: r for k, r in records.items() if k[0] == name}
         assert mine and all(r["passed"] for r in mine.values()), mine
-    assert len([k for k in records if k[0] == "honest"]) == 7           # 2 + 2 + 1 hidden + 2
+    assert len([k for k in records if k[0] == "honest"]) == sum(len(EXERCISES[n]) for n in GRADED) + 1   # + hidden
     for name, (number, exercises) in ATTACKERS.items():                 # what was not attacked still passes
         if number != "11":
             others = [r for k, r in records.items() if k[:2] == (name, number) and k[2] not in exercises]
@@ -346,8 +421,8 @@ def test_honest_students_pass_and_are_untouched(attacked):
 
 
 def test_the_package_is_unchanged(attacked):
-    path, before = attacked["package"]
-    assert hashlib.sha256(path.read_bytes()).hexdigest() == before
+    for path, before in attacked["package"]:
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == before, path
 
 
 def test_no_hidden_check_text_in_any_output(attacked):
@@ -392,14 +467,19 @@ def test_answers_are_withheld_in_the_copy():
     assert "withheld while grading" in text
     assert (root / "spec" / "rejection.py").read_text() == (REPO / "minillm" / "spec" / "rejection.py").read_text()
     compile(text, "ngram.py", "exec")
+    root = package_without(frozenset({"check_scheduler"}))          # a subclass exercise: its methods only
+    text = (root / "engine" / "scheduler.py").read_text()
+    assert text.count("withheld while grading") == 4 and "class ContinuousBatchingScheduler" in text
+    assert "withheld" not in (root / "kv" / "block_manager.py").read_text()
 
 
 def test_honest_students_pass_without_a_sandbox_with_the_warning(tmp_path):
     folder, out = tmp_path / "class", tmp_path / "out"
     out.mkdir()
-    for number in ("10", "11", "12"):
+    for number in GRADED:
         write(student(number), folder / "honest" / LESSONS[number])
-    run, records = grade(folder, out, "--lessons", "10,11,12", "--sandbox", "none")
-    assert len(records) == 6 and all(r["passed"] for r in records.values()), records
+    run, records = grade(folder, out, "--lessons", ",".join(GRADED), "--sandbox", "none")
+    assert len(records) == sum(len(EXERCISES[n]) for n in GRADED) and all(r["passed"] for r in records.values()), \
+        records
     assert run.stdout.startswith("WARNING: graded with --sandbox none")
     assert all(r["sandbox"] == "none" and r["warning"].startswith("WARNING") for r in records.values())

@@ -2,21 +2,26 @@
 in place of `verdict.py` when grading in a sandbox, never by hand).
 
 The judge is the grader's own code only: it reads the job on stdin and runs no student code.
-  - Exercises in `OUTSIDE` (functions and classes whose inputs and outputs are plain data: lists,
-    numbers, tensors, sampling parameters, generators, the course tokenizer) are graded here: the student's cells run in a
-    sandbox (`serve.py`) whose package has those answers withheld (`withheld.py`), and each
-    grader runs in this process on a proxy (`Remote`) that sends every call's arguments into the
-    sandbox and decodes its result as plain data (`wire.py`; the arguments it mutated are
-    written back). The sandbox never holds a grader, a reference, a hidden check or a verdict,
-    so nothing in it can swap a grader, reach an answer or forge a verdict.
+  - Exercises in `OUTSIDE` are graded here: the student's cells run in a sandbox (`serve.py`)
+    whose package has those answers withheld (`withheld.py`), and each grader runs in this
+    process, unchanged, on a proxy of the student's object (`proxy.py`): a call's arguments go
+    into the sandbox and its result comes back as plain data (`wire.py`; the arguments it
+    mutated are written back); what is not data crosses as a handle, both ways, so the engine
+    here drives the student's allocator, prefix cache, block manager or scheduler there, and
+    that code reads and changes the engine's sequences and block manager here through their
+    public face. The sandbox never holds a grader, a reference, a hidden check or a verdict, so
+    nothing in it can swap a grader, reach an answer or forge a verdict.
   - Hidden checks (`--extra-checks`) run here too, on a namespace of the lesson's imports
     (imported here) and proxies of what the exercise cells define; their source never enters
     a sandbox.
-  - The other exercises (classes driven by the engine, models, Triton kernels: their graders
-    hand the student's code objects that cannot cross as data) are still checked by
-    `verdict.py`, run inside a sandbox of their own with the full package (its graders need the
-    references): the sandbox confines that code (files, processes, network, memory), but the
-    verdict shares a process with it.
+  - The other exercises are still checked by `verdict.py`, run inside a sandbox of their own
+    with the full package (its graders need the references): the sandbox confines that code
+    (files, processes, network, memory), but the verdict shares a process with it. Their
+    graders do what a proxy cannot: swap the references into the function's globals (01's
+    sampler and generate_naive), write into the cache's tensors in place (02), read the
+    function's code and source (04's block hash), run async generators (07's request stream),
+    launch a Triton kernel (08), hand over model layers (10's sharding) or test the class with
+    issubclass (12's structured outputs).
 It writes the verdicts on stdout as `verdict.py` does (the grader's nonce, then JSON).
 """
 from __future__ import annotations
@@ -31,111 +36,18 @@ import sys
 import threading
 
 from . import sandbox, wire
+from .proxy import ChannelGone, Peer
 
-# graders that only call the student's function (lesson 12: class, given the course tokenizer) on
-# plain data and read what it returns (not
-# lesson 03's slot mapping, which the check plugs into an engine, nor lesson 04's block hash,
-# whose check reads the function's code and source)
+# graders that run here, on proxies of the student's objects (the module docstring says why not the others)
 OUTSIDE = frozenset({"check_ngram_proposer", "check_rejection_sampler", "check_router_choice", "check_rope",
                      "check_top_k", "check_top_p", "check_int8_quantizer", "check_int4_quantizer",
-                     "check_choice_constraint"})
+                     "check_choice_constraint", "check_block_allocator", "check_slot_mapping",
+                     "check_paged_attention", "check_prefix_cache", "check_copy_on_write", "check_scheduler",
+                     "check_preemption", "check_swap", "check_detokenizer"})
 WITHHELD = "withheld while grading"
-EXCEPTIONS = {e.__name__: e for e in (AssertionError, ValueError, TypeError, IndexError, KeyError, RuntimeError,
-                                      NotImplementedError, ZeroDivisionError, AttributeError, ArithmeticError,
-                                      OverflowError, LookupError, StopIteration, RecursionError, MemoryError)}
 
 
-class SandboxGone(RuntimeError):
-    """The sandbox stopped answering (it ended, was killed, or broke the protocol)."""
-
-
-class Channel:
-    def __init__(self, proc):
-        self.proc, self.lock = proc, threading.Lock()
-
-    def ask(self, request: dict, blobs=()):
-        with self.lock:
-            try:
-                wire.send(self.proc.stdin, request, list(blobs))
-                reply, got = wire.receive(self.proc.stdout)
-            except (OSError, ValueError, wire.WireError) as e:
-                raise SandboxGone(f"the sandbox running your exercise cells stopped answering ({e})") from None
-        if "raised" in reply:
-            raised = reply["raised"]
-            kind, message = str(raised.get("type", "Exception"))[:80], str(raised.get("message", ""))
-            if kind in EXCEPTIONS:
-                raise EXCEPTIONS[kind](message)
-            raise RuntimeError(f"{kind}: {message}")
-        if "ok" not in reply:
-            raise SandboxGone("the sandbox sent something that is not an answer")
-        return wire.decode(reply["ok"], got, lambda n, kind: Remote(self, n, kind))
-
-
-class Remote:
-    """An object that stays in the sandbox: calls and attributes go there as plain data."""
-
-    def __init__(self, channel: Channel, ident: int, kind: str):
-        object.__setattr__(self, "_channel", channel)
-        object.__setattr__(self, "_id", ident)
-        object.__setattr__(self, "_kind", kind)
-
-    def __repr__(self):
-        return f"<your {self._kind}>"
-
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return self._channel.ask({"op": "getattr", "target": self._id, "name": name})
-
-    def _call(self, method, args, kwargs):
-        blobs: list[bytes] = []
-        ref = _handle_of
-        request = {"op": "call", "target": self._id, "method": method,
-                   "args": wire.encode(list(args), blobs, ref), "kwargs": wire.encode(dict(kwargs), blobs, ref)}
-        reply = self._channel.ask(request, blobs)
-        _write_back(list(args), reply["args"])
-        _write_back(dict(kwargs), reply["kwargs"])
-        return reply["result"]
-
-    def __call__(self, *args, **kwargs):
-        return self._call(None, args, kwargs)
-
-    def __len__(self):
-        return self._call("__len__", (), {})
-
-    def __getitem__(self, key):
-        return self._call("__getitem__", (key,), {})
-
-    def __iter__(self):
-        return iter([self[i] for i in range(len(self))])
-
-
-def _handle_of(obj):
-    if isinstance(obj, Remote):
-        return obj._id
-    raise wire.WireError(f"cannot send a {type(obj).__name__} into the sandbox")
-
-
-def _write_back(mine, theirs) -> None:
-    """What the student's code did to its arguments, done to the grader's objects too."""
-    import torch
-    if theirs is None:
-        return
-    if isinstance(mine, list) and isinstance(theirs, list):
-        for a, b in zip(mine, theirs):
-            _write_back(a, b)
-        if [type(x) for x in mine] != [type(x) for x in theirs] or not all(
-                isinstance(x, (torch.Tensor, torch.Generator, list, dict)) for x in mine):
-            mine[:] = theirs
-    elif isinstance(mine, dict) and isinstance(theirs, dict):
-        for k in mine:
-            if k in theirs:
-                _write_back(mine[k], theirs[k])
-    elif isinstance(mine, torch.Tensor) and isinstance(theirs, torch.Tensor):
-        if mine.shape == theirs.shape and mine.dtype == theirs.dtype:
-            mine.copy_(theirs)
-    elif isinstance(mine, torch.Generator) and isinstance(theirs, torch.Generator):
-        mine.set_state(theirs.get_state())
+SandboxGone = ChannelGone
 
 
 def _message(e: BaseException) -> str:
@@ -214,25 +126,53 @@ def main() -> int:
     return 0
 
 
+# graders whose student code, in the sandbox, runs the package's answer of another exercise of the
+# lesson (lesson 04's copy-on-write BlockManager inherits a BlockManager that builds the package's
+# PrefixCache): they are served by a sandbox of their own, which withholds the others' answers only
+NEEDS = {"check_copy_on_write": frozenset({"check_prefix_cache"})}
+
+
 def _graded_here(job: dict, outside: list[dict], hidden: dict | None, checks) -> list[dict]:
-    from .withheld import package_without
-    work = sandbox.workdir("minillm-serve-")
-    graders = frozenset(c["grader"] for c in job.get("lesson_checks", job["checks"]) if c["grader"] in OUTSIDE)
-    package = str(package_without(graders, os.environ.get("MINILLM_GRADE_WITHHELD") or None))
-    proc = _start("minillm.course.serve", package, work)
-    drain = threading.Thread(target=lambda: proc.stderr.read(), daemon=True)
-    drain.start()
-    channel = Channel(proc)
-    results = []
+    """The checks in `outside` and the hidden checks, graded here on the student's objects in
+    sandboxes (one per set of answers withheld, `NEEDS`; the hidden checks in the first)."""
     hidden_fns = []
-    if hidden:                                   # imported before any answer comes back from the sandbox
+    if hidden:                                   # imported before any answer comes back from a sandbox
         import importlib
         if hidden.get("folder"):
             sys.path.insert(0, hidden["folder"])
         module = importlib.import_module(hidden["module"])
         hidden_fns = [(hidden["labels"][n], getattr(module, n)) for n in hidden["functions"]]
+    every = frozenset(c["grader"] for c in outside)
+    groups: dict[frozenset, list[dict]] = {}
+    for check in outside:
+        groups.setdefault(every - NEEDS.get(check["grader"], frozenset()), []).append(check)
+    order = sorted(groups, key=len, reverse=True) or [every]
+    opened = [_open(job, withheld) for withheld in order]       # all start at once: their cells run meanwhile
+    results = []
+    for i, (withheld, started) in enumerate(zip(order, opened)):
+        results += _served(started, groups.get(withheld, []), job, hidden_fns if i == 0 else [], checks)
+    return results
+
+
+def _open(job: dict, graders: frozenset):
+    """A sandbox serving the student's cells, with the answers of `graders` withheld."""
+    from .withheld import package_without
+    work = sandbox.workdir("minillm-serve-")
+    package = str(package_without(graders, os.environ.get("MINILLM_GRADE_WITHHELD") or None))
+    proc = _start("minillm.course.serve", package, work)
+    threading.Thread(target=lambda: proc.stderr.read(), daemon=True).start()
     try:
         wire.send(proc.stdin, {"prelude": job["prelude"], "cells": job["cells"]}, [])
+    except (OSError, ValueError):
+        pass                                      # it ended already: the first question says so
+    return proc, work
+
+
+def _served(started, outside: list[dict], job: dict, hidden_fns: list, checks) -> list[dict]:
+    proc, work = started
+    channel = Peer(proc.stdout, proc.stdin, share_containers=True)
+    results = []
+    try:
         listing = channel.ask({"op": "names"})
         names, failed = listing["names"], listing["failed"]
     except (SandboxGone, OSError, wire.WireError) as e:
@@ -261,12 +201,12 @@ def _graded_here(job: dict, outside: list[dict], hidden: dict | None, checks) ->
         except BaseException as e:
             results[-1]["message"] = _message(e)
     ns = {"__name__": "hidden", "__builtins__": builtins}
-    for source in job["prelude"]:
+    for source in job["prelude"] if hidden_fns else []:
         try:
             exec(compile(source, "<lesson imports>", "exec"), ns)
         except BaseException:
             pass
-    for name in names:
+    for name in names if hidden_fns else []:
         if name in ns:                           # the lesson's imports: the judge's own
             continue
         try:

@@ -2,22 +2,27 @@
 
 A message is an 8-byte length, a JSON header, then the tensors' bytes it names. Values:
 None, bools, ints, floats, strings, lists, tuples, sets, dicts, bytes, tensors (dtype, shape, bytes),
-`torch.Generator`s (their state), the package's plain dataclasses (`SamplingParams`, by a
-fixed list of names), the course tokenizer (by name), and handles to objects that stay on the other side (`{"$": "ref"}`).
+`torch.Generator`s (their state), dtypes, devices, slices, deques, the package's enums (by name) and plain dataclasses
+(`SamplingParams`, a step's `PagedStep`, a `SchedulerOutput`: by a fixed list of names), the course
+tokenizer (by name), and handles to objects that stay on their side (`{"$": "mine" | "yours"}`,
+`proxy.py`).
 Decoding builds only those types: what comes out of a sandbox can be wrong, never code.
 """
 from __future__ import annotations
 
 import dataclasses
+import enum
 import importlib
 import json
 import struct
 import sys
+from collections import deque
 
 import torch
 
 LIMIT = 256 << 20                   # the largest message read (bytes)
-DATACLASSES = {"minillm.sampling_params:SamplingParams"}
+DATACLASSES = {"minillm.sampling_params:SamplingParams", "minillm.attention.paged:PagedStep",
+               "minillm.engine.scheduler:SchedulerOutput"}
 DTYPES = {str(d).split(".")[1]: d for d in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8,
                                             torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool)}
 
@@ -31,12 +36,17 @@ class WireError(RuntimeError):
 
 
 def encode(value, blobs: list[bytes], ref=None):
-    """`value` as JSON-able data; tensors' bytes appended to `blobs`; `ref(obj)` names anything else
-    (None: anything else is an error)."""
+    """`value` as JSON-able data; tensors' bytes appended to `blobs`; `ref(obj)` gives the handle
+    of anything else (None: anything else is an error)."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value if not isinstance(value, int) or isinstance(value, bool) or abs(value) < 2 ** 63 else str(value)
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return {"$": type(value).__name__, "v": [encode(v, blobs, ref) for v in value]}
+    if isinstance(value, (list, tuple, set, frozenset, deque)):
+        base = next(t for t in (deque, list, tuple, frozenset, set) if isinstance(value, t))
+        return {"$": base.__name__, "v": [encode(v, blobs, ref) for v in value]}
+    if isinstance(value, slice):
+        return {"$": "slice", "v": [encode(v, blobs, ref) for v in (value.start, value.stop, value.step)]}
+    if isinstance(value, enum.Enum) and type(value).__module__.startswith("minillm."):
+        return {"$": "enum", "type": f"{type(value).__module__}:{type(value).__qualname__}", "name": value.name}
     if isinstance(value, dict):
         return {"$": "dict", "v": [[encode(k, blobs, ref), encode(v, blobs, ref)] for k, v in value.items()]}
     if isinstance(value, (bytes, bytearray)):
@@ -46,6 +56,10 @@ def encode(value, blobs: list[bytes], ref=None):
         t = value.detach().to("cpu").contiguous()
         blobs.append(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
         return {"$": "tensor", "dtype": str(t.dtype).split(".")[1], "shape": list(t.shape), "b": len(blobs) - 1}
+    if isinstance(value, torch.dtype) and str(value).split(".")[1] in DTYPES:
+        return {"$": "dtype", "name": str(value).split(".")[1]}
+    if isinstance(value, torch.device):
+        return {"$": "device", "v": str(value)}
     if isinstance(value, torch.Generator):
         blobs.append(value.get_state().numpy().tobytes())
         return {"$": "generator", "b": len(blobs) - 1}
@@ -56,7 +70,7 @@ def encode(value, blobs: list[bytes], ref=None):
     if _is_course_tokenizer(value):
         return {"$": "tokenizer", "name": "tiny-llama"}
     if ref is not None:
-        return {"$": "ref", "id": ref(value), "kind": type(value).__name__[:80]}
+        return ref(value)
     raise WireError(f"cannot send a {type(value).__name__} across the sandbox")
 
 
@@ -67,9 +81,17 @@ def decode(data, blobs: list[bytes], ref=None):
     if not isinstance(data, dict) or not isinstance(data.get("$"), str):
         raise WireError(f"not a value: {str(data)[:80]}")
     kind = data["$"]
-    if kind in ("list", "tuple", "set", "frozenset"):
+    if kind in ("list", "tuple", "set", "frozenset", "deque"):
         items = [decode(v, blobs, ref) for v in data["v"]]
-        return {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}[kind](items)
+        return {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset, "deque": deque}[kind](items)
+    if kind == "slice":
+        return slice(*[decode(v, blobs, ref) for v in data["v"]][:3])
+    if kind == "enum":
+        module, name = str(data["type"]).split(":")
+        cls = getattr(importlib.import_module(module), name) if module.startswith("minillm.") else None
+        if not (isinstance(cls, type) and issubclass(cls, enum.Enum)):
+            raise WireError(f"not one of the package's enums: {data['type']}")
+        return cls[str(data["name"])]
     if kind == "tokenizer":                     # the course tokenizer, loaded on this side
         from ..checks.harness import tiny_model
         return tiny_model()[1]
@@ -83,19 +105,25 @@ def decode(data, blobs: list[bytes], ref=None):
         raw = bytearray(blobs[int(data["b"])])
         flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
         return flat.view(dtype).reshape(shape).clone()
+    if kind == "dtype":
+        return DTYPES[str(data["name"])]
+    if kind == "device":
+        return torch.device(str(data["v"]))
     if kind == "generator":
         g = torch.Generator()
         g.set_state(torch.frombuffer(bytearray(blobs[int(data["b"])]), dtype=torch.uint8).clone())
         return g
     if kind == "data" and data.get("type") in DATACLASSES:
+        module, name = data["type"].split(":")
         key = json.dumps(data, sort_keys=True)
+        if '"b":' in key:                       # holds tensors or bytes: the key does not say which
+            return getattr(importlib.import_module(module), name)(**decode(data["v"], blobs, ref))
         if key not in _made:                    # the same parameters come again and again: built once
-            module, name = data["type"].split(":")
             cls = getattr(importlib.import_module(module), name)
             _made[key] = cls(**decode(data["v"], blobs, ref))
         return _made[key]
-    if kind == "ref" and ref is not None:
-        return ref(int(data["id"]), str(data.get("kind", "")))
+    if kind in ("mine", "yours") and ref is not None:
+        return ref(data)
     raise WireError(f"unknown value type {kind!r}")
 
 

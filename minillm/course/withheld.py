@@ -24,12 +24,25 @@ _copies: dict[frozenset, Path] = {}
 _lock = threading.Lock()
 
 
+# graders whose exercise is a subclass of the package's class overriding some of its methods: only
+# those methods are withheld (the student's class inherits the rest), with the package's other
+# methods that answer the same question (lesson 06's Scheduler.schedule schedules as lesson 05 asks)
+METHODS = {
+    "check_scheduler": ("minillm.engine.scheduler:ContinuousBatchingScheduler.schedule",
+                        "minillm.engine.scheduler:Scheduler.schedule", "minillm.engine.scheduler:Scheduler.keep_running",
+                        "minillm.engine.scheduler:Scheduler.bring_in"),
+    "check_preemption": ("minillm.engine.scheduler:Scheduler.pick_victim", "minillm.engine.scheduler:Scheduler._preempt"),
+    "check_copy_on_write": ("minillm.kv.block_manager:BlockManager.append_slots",),
+    "check_swap": ("minillm.kv.block_manager:BlockManager.swap_out", "minillm.kv.block_manager:BlockManager.swap_in"),
+}
+
+
 def _answers(graders: frozenset[str]) -> dict[str, list[str]]:
     """module file (relative to the package) -> names (`f` or `Class.method`) to withhold."""
     from ..checks.harness import PART_ANSWERS, REFERENCES
     out: dict[str, list[str]] = {}
     for grader in sorted(graders):
-        for dotted in (REFERENCES[grader],) + tuple(PART_ANSWERS.get(grader, ())):
+        for dotted in METHODS.get(grader, (REFERENCES[grader],)) + tuple(PART_ANSWERS.get(grader, ())):
             module, attribute = dotted.split(":")
             out.setdefault(module.split(".", 1)[1].replace(".", "/") + ".py", []).append(attribute)
     return out
