@@ -167,6 +167,10 @@ PLANTED = {
     "structured_outputs": ("12", "    rows[which] = sub\n", "", "left row 0 unmasked"),
     "choice_constraint": ("12", "out = {self.eos_token_id} if END in node else set()", "out = set()",
                           "EOS (token 2) must be allowed"),
+    "lora_delta": ("13", "return torch.bmm(b, shrunk).squeeze(2) * s.unsqueeze(1)", "return torch.bmm(b, shrunk).squeeze(2)",
+                   "without the scaling"),
+    "chain_root": ("13", "return None if lora is None else hashlib.sha256(lora.cache_salt).digest()", "return None",
+                   "the key is without the adapter"),
 }
 
 

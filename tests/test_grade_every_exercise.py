@@ -12,7 +12,7 @@ from minillm.course.tamper_scan import STUDENT_IMPORTS, import_keys, parse, scan
 def test_every_lesson_has_exercises_and_every_exercise_has_a_planted_bug():
     """Exercises are found from the lessons' check cells: a new exercise fails here until
     grading_class.PLANTED gives it a mistake of its own."""
-    assert set(LESSONS) == {f"{n:02d}" for n in range(13)} and set(EXERCISES) == set(LESSONS)
+    assert set(LESSONS) == {f"{n:02d}" for n in range(14)} and set(EXERCISES) == set(LESSONS)
     every = [e for exercises in EXERCISES.values() for e in exercises]
     assert len(every) == len(set(every))
     missing = sorted(set(every) - set(PLANTED))

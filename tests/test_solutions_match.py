@@ -92,6 +92,8 @@ EXERCISES = [
     ("12_structured_outputs", "MyChoiceConstraint.allowed", "minillm.structured.choice_trie", "ChoiceConstraint.allowed"),
     ("12_structured_outputs", "MyChoiceConstraint.is_complete", "minillm.structured.choice_trie",
      "ChoiceConstraint.is_complete"),
+    ("13_many_fine_tunes", "lora_delta", "minillm.lora.batched_delta", "gathered_delta"),
+    ("13_many_fine_tunes", "chain_root", "minillm.kv.prefix_cache", "chain_root"),
 ]
 
 FUNCTION = (ast.FunctionDef, ast.AsyncFunctionDef)
