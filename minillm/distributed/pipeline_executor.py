@@ -39,6 +39,7 @@ START_TIMEOUT_S = 300.0
 STEP_TIMEOUT_S = 120.0       # one step's logits (a long prefill on CPU); a dead peer is heard at once
 KEEPALIVE_S = 2.0
 SILENT_S = 3.0               # a rank whose heartbeat has not moved for this long is gone
+PEER_LOST = ("Connection reset", "Connection closed", "Read error", "Broken pipe", "Timed out", "timed out")
 UNSUPPORTED = (("speculative_config", "speculative decoding"), ("enable_lora", "LoRA adapters"),
                ("compile", "compile (torch.compile of decode steps)"), ("quantization", "quantization"))
 
@@ -158,23 +159,28 @@ class PipelineExecutor:
         return self.dead
 
     def diagnose(self, wait: float = SILENT_S + 1.0) -> str | None:
-        """Which rank failed, or which node went silent (its heartbeats stopped), or None."""
-        deadline = time.monotonic() + wait
+        """Which rank failed, or which node went silent (its heartbeats stopped), or None. A rank
+        whose error is only a lost peer (a reset connection) is the echo, not the cause: the
+        silent node is named if one goes silent within `wait`, the echo otherwise."""
+        deadline, echo = time.monotonic() + wait, None
         while True:
             for rank in range(1, self.layout.world_size):
                 key = f"minillm/error/{rank}"
                 if self.store.check([key]):
-                    return self.store.get(key).decode()
+                    error = self.store.get(key).decode()
+                    if not any(s in error for s in PEER_LOST):
+                        return error
+                    echo = echo or error
             for p in self.procs:
-                if p.poll() is not None and p.returncode != 0:
-                    return f"a rank on node 0 died (exit code {p.returncode})"
+                if p.poll() is not None and p.returncode < 0:            # killed by a signal here, on node 0
+                    return f"a rank on node 0 was killed (signal {-p.returncode})"
             silent = self._silent_ranks()
             if silent:
                 nodes = sorted({self.layout.node_of(r) for r in silent})
                 return (f"node {', '.join(map(str, nodes))} stopped answering: {self.where(silent[0])} and "
                         f"{len(silent) - 1} other rank(s) sent no heartbeat for {SILENT_S:.0f} s")
             if time.monotonic() > deadline:
-                return None
+                return echo
             time.sleep(0.2)
 
     def _silent_ranks(self) -> list[int]:
