@@ -470,7 +470,30 @@ def test_answers_are_withheld_in_the_copy():
     root = package_without(frozenset({"check_scheduler"}))          # a subclass exercise: its methods only
     text = (root / "engine" / "scheduler.py").read_text()
     assert text.count("withheld while grading") == 4 and "class ContinuousBatchingScheduler" in text
+    assert "minillm.engine.scheduler.ContinuousBatchingScheduler.schedule: withheld" in text   # names what was called
     assert "withheld" not in (root / "kv" / "block_manager.py").read_text()
+
+
+def test_a_function_whose_code_the_grader_reads_is_read_from_the_cells_source():
+    """Lesson 13's chain_root grader reads the function's code (no salted hash()): outside the
+    sandbox that code is compiled from the exercise cells the judge holds, calls still go across."""
+    from minillm.checks.lesson04_prefix_cache import _uses_builtin_hash
+    from minillm.course.code_read import read_here
+    from minillm.course.wire import decode, encode
+
+    def cells(source):
+        return [{"index": 7, "source": source, "exercises": ["chain_root"]}]
+    honest = read_here(lambda seq: b"root", "chain_root", cells(
+        "import hashlib\ndef chain_root(seq):\n    return hashlib.sha256(b'x').digest()\n"))
+    assert honest(None) == b"root" and not _uses_builtin_hash(honest)
+    assert honest.__code__.co_filename == "<notebook cell 7>"
+    assert _uses_builtin_hash(read_here(None, "chain_root", cells("def chain_root(seq):\n    return hash(seq)\n")))
+    assert _uses_builtin_hash(read_here(None, "chain_root", cells(           # bound by assignment: the cell's code
+        "def make():\n    return lambda seq: hash(seq)\nchain_root = make()\n")))
+    assert not _uses_builtin_hash(read_here(None, "chain_root", cells(       # the cell's own hash
+        "from hashlib import sha256 as hash\ndef chain_root(seq):\n    return hash(seq)\n")))
+    blobs = []                                                               # lesson 10's stages cross as ranges
+    assert decode(encode([range(0, 3), range(3, 7)], blobs), blobs) == [range(0, 3), range(3, 7)]
 
 
 def test_honest_students_pass_without_a_sandbox_with_the_warning(tmp_path):

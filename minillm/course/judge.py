@@ -10,7 +10,9 @@ The judge is the grader's own code only: it reads the job on stdin and runs no s
     here drives the student's allocator, prefix cache, block manager or scheduler there, and
     that code reads and changes the engine's sequences and block manager here through their
     public face. The sandbox never holds a grader, a reference, a hidden check or a verdict, so
-    nothing in it can swap a grader, reach an answer or forge a verdict.
+    nothing in it can swap a grader, reach an answer or forge a verdict. A grader that also reads
+    the function's code (13's chain_root: no salted `hash()`) gets it compiled here from the
+    cells' source the job holds (`code_read.py`), never from the sandbox.
   - Hidden checks (`--extra-checks`) run here too, on a namespace of the lesson's imports
     (imported here) and proxies of what the exercise cells define; their source never enters
     a sandbox.
@@ -29,6 +31,7 @@ from __future__ import annotations
 import builtins
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -36,6 +39,7 @@ import sys
 import threading
 
 from . import sandbox, wire
+from .code_read import read_here
 from .proxy import ChannelGone, Peer
 
 # graders that run here, on proxies of the student's objects (the module docstring says why not the others)
@@ -43,7 +47,10 @@ OUTSIDE = frozenset({"check_ngram_proposer", "check_rejection_sampler", "check_r
                      "check_top_k", "check_top_p", "check_int8_quantizer", "check_int4_quantizer",
                      "check_choice_constraint", "check_block_allocator", "check_slot_mapping",
                      "check_paged_attention", "check_prefix_cache", "check_copy_on_write", "check_scheduler",
-                     "check_preemption", "check_swap", "check_detokenizer"})
+                     "check_preemption", "check_swap", "check_detokenizer", "check_balanced_partition",
+                     "check_lora_delta", "check_chain_root"})
+# of those, graders that also read the function's code (`code_read.py`: read here, from the cells' source)
+READS_CODE = frozenset({"check_chain_root"})
 WITHHELD = "withheld while grading"
 
 
@@ -54,13 +61,15 @@ def _message(e: BaseException) -> str:
     text = str(e) if isinstance(e, AssertionError) else f"{type(e).__name__}: {e}"
     cause, chain = e, ""
     for _ in range(8):                                   # the grader's message hides the student's error
-        chain += str(cause)
+        chain += str(cause) + "\n"
         cause = cause.__cause__ or cause.__context__
         if cause is None:
             break
-    if WITHHELD in chain:
-        return ("calls the package's answer (withheld while grading): the exercise is to write it, not to call "
-                "it (write it in the exercise cell, with torch and the lesson's given utilities)")
+    if WITHHELD in chain:                                # the stub names what was called (withheld.py)
+        called = re.search(r"([\w.]+): " + WITHHELD, chain)
+        return (f"calls the package's answer {called.group(1) + ' ' if called else ''}(withheld while grading): "
+                "the exercise is to write it, not to call it (write it in the exercise cell, with torch and the "
+                "lesson's given utilities)")
     return text
 
 
@@ -194,6 +203,8 @@ def _served(started, outside: list[dict], job: dict, hidden_fns: list, checks) -
                 results[-1]["message"] = why
                 continue
             args = [channel.ask({"op": "get", "name": n}) for n in check["args"]]
+            if check["grader"] in READS_CODE:
+                args = [read_here(a, n, job["cells"]) for a, n in zip(args, check["args"])]
             getattr(checks, check["grader"])(*args)
             results[-1].update(passed=True)
         except SandboxGone as e:

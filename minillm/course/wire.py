@@ -1,7 +1,7 @@
 """Plain data between the grader and the sandbox: JSON plus raw tensor bytes, never pickle.
 
 A message is an 8-byte length, a JSON header, then the tensors' bytes it names. Values:
-None, bools, ints, floats, strings, lists, tuples, sets, dicts, bytes, tensors (dtype, shape, bytes),
+None, bools, ints, floats, strings, lists, tuples, sets, dicts, bytes, ranges, tensors (dtype, shape, bytes),
 `torch.Generator`s (their state), dtypes, devices, slices, deques, the package's enums (by name) and plain dataclasses
 (`SamplingParams`, a step's `PagedStep`, a `SchedulerOutput`: by a fixed list of names), the course
 tokenizer (by name), and handles to objects that stay on their side (`{"$": "mine" | "yours"}`,
@@ -43,6 +43,8 @@ def encode(value, blobs: list[bytes], ref=None):
     if isinstance(value, (list, tuple, set, frozenset, deque)):
         base = next(t for t in (deque, list, tuple, frozenset, set) if isinstance(value, t))
         return {"$": base.__name__, "v": [encode(v, blobs, ref) for v in value]}
+    if isinstance(value, range):
+        return {"$": "range", "v": [value.start, value.stop, value.step]}
     if isinstance(value, slice):
         return {"$": "slice", "v": [encode(v, blobs, ref) for v in (value.start, value.stop, value.step)]}
     if isinstance(value, enum.Enum) and type(value).__module__.startswith("minillm."):
@@ -86,6 +88,9 @@ def decode(data, blobs: list[bytes], ref=None):
         return {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset, "deque": deque}[kind](items)
     if kind == "slice":
         return slice(*[decode(v, blobs, ref) for v in data["v"]][:3])
+    if kind == "range":
+        start, stop, step = (int(v) for v in data["v"][:3])
+        return range(start, stop, step)
     if kind == "enum":
         module, name = str(data["type"]).split(":")
         cls = getattr(importlib.import_module(module), name) if module.startswith("minillm.") else None

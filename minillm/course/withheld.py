@@ -38,19 +38,20 @@ METHODS = {
 
 
 def _answers(graders: frozenset[str]) -> dict[str, list[str]]:
-    """module file (relative to the package) -> names (`f` or `Class.method`) to withhold."""
+    """module (`minillm.kv.block_manager`) -> names (`f` or `Class.method`) to withhold."""
     from ..checks.harness import PART_ANSWERS, REFERENCES
     out: dict[str, list[str]] = {}
     for grader in sorted(graders):
         for dotted in METHODS.get(grader, (REFERENCES[grader],)) + tuple(PART_ANSWERS.get(grader, ())):
             module, attribute = dotted.split(":")
-            out.setdefault(module.split(".", 1)[1].replace(".", "/") + ".py", []).append(attribute)
+            out.setdefault(module, []).append(attribute)
     return out
 
 
-def stub_out(source: str, names: list[str]) -> str:
+def stub_out(source: str, names: list[str], module: str = "") -> str:
     """`source` with the body of each top-level function (or `Class.method`, or every method of a
-    class) in `names` replaced by the stub."""
+    class) in `names` replaced by the stub, which names what was called (`module.Class.method`:
+    a student who called the answer through super() or another name sees which one)."""
     tree = ast.parse(source)
     lines = source.split("\n")
     found = {}
@@ -67,14 +68,14 @@ def stub_out(source: str, names: list[str]) -> str:
     missing = [n for n in names if n not in found]
     if missing:
         raise ValueError(f"cannot withhold {', '.join(missing)}: no such function in the module")
-    for node in sorted((found[n] for n in names), key=lambda n: -n.lineno):
+    for name, node in sorted(((n, found[n]) for n in set(names)), key=lambda x: -x[1].lineno):
         body = node.body
         keep = 1 if isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
             and isinstance(body[0].value.value, str) else 0
         indent = " " * body[0].col_offset
         start = body[keep].lineno - 1 if keep < len(body) else body[-1].end_lineno
         end = body[-1].end_lineno
-        lines[start:end] = [indent + STUB.format(name=node.name)]
+        lines[start:end] = [indent + STUB.format(name=f"{module}.{name}" if module else name)]
     return "\n".join(lines)
 
 
@@ -96,9 +97,9 @@ def package_without(graders: frozenset[str], under: Path | None = None) -> Path:
             if not root.is_dir():
                 building = Path(tempfile.mkdtemp(prefix=".building-", dir=under)) / "minillm"
                 shutil.copytree(PACKAGE_DIR, building, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-                for relative, names in _answers(graders).items():
-                    path = building / relative
-                    path.write_text(stub_out(path.read_text(encoding="utf-8"), names), encoding="utf-8")
+                for module, names in _answers(graders).items():
+                    path = building / (module.split(".", 1)[1].replace(".", "/") + ".py")
+                    path.write_text(stub_out(path.read_text(encoding="utf-8"), names, module), encoding="utf-8")
                 compileall.compile_dir(str(building), quiet=1, workers=1)
                 root.parent.mkdir(parents=True, exist_ok=True)
                 building.rename(root)
