@@ -506,3 +506,44 @@ def test_honest_students_pass_without_a_sandbox_with_the_warning(tmp_path):
         records
     assert run.stdout.startswith("WARNING: graded with --sandbox none")
     assert all(r["sandbox"] == "none" and r["warning"].startswith("WARNING") for r in records.values())
+
+
+def test_an_exception_handed_back_across_the_channel_is_the_same_object():
+    """Lesson 12's grader plants an exception in a matcher and checks that the student's
+    mask_logits hands that very exception to on_error (or lets it out): across the sandbox, an
+    exception the judge raised comes back as itself."""
+    import threading
+
+    from minillm.course import wire
+    from minillm.course.proxy import Peer
+    to_side, from_judge = os.pipe()
+    to_judge, from_side = os.pipe()
+    judge = Peer(os.fdopen(to_judge, "rb"), os.fdopen(from_judge, "wb"))
+
+    def catch(fail, report):
+        try:
+            fail()
+        except ValueError as e:
+            report(e)
+    ns = {"catch": catch, "leak": lambda fail: fail(), "boom": lambda: int("its own")}
+    side = Peer(os.fdopen(to_side, "rb"), os.fdopen(from_side, "wb"), extra=lambda request: ns[request["name"]])
+
+    def serve():
+        while (request := wire.receive(side.inp))[0].get("op") != "bye":
+            side.serve(*request)
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    planted, got = ValueError("planted"), []
+
+    def fail():
+        raise planted
+    judge.ask({"op": "get", "name": "catch"})(fail, got.append)
+    assert len(got) == 1 and got[0] is planted
+    with pytest.raises(ValueError) as raised:
+        judge.ask({"op": "get", "name": "leak"})(fail)
+    assert raised.value is planted
+    with pytest.raises(ValueError, match="its own") as raised:               # the side's own: a copy
+        judge.ask({"op": "get", "name": "boom"})()
+    assert type(raised.value) is ValueError
+    wire.send(judge.out, {"op": "bye"}, [])
+    thread.join(10)

@@ -12,7 +12,9 @@ The judge is the grader's own code only: it reads the job on stdin and runs no s
     public face. The sandbox never holds a grader, a reference, a hidden check or a verdict, so
     nothing in it can swap a grader, reach an answer or forge a verdict. A grader that also reads
     the function's code (13's chain_root: no salted `hash()`) gets it compiled here from the
-    cells' source the job holds (`code_read.py`), never from the sandbox.
+    cells' source the job holds (`code_read.py`), never from the sandbox; one that tests the
+    class with issubclass (12's structured outputs) gets a local subclass of the package's base
+    that forwards the exercise's methods to the student's instance there (`local_class.py`).
   - Hidden checks (`--extra-checks`) run here too, on a namespace of the lesson's imports
     (imported here) and proxies of what the exercise cells define; their source never enters
     a sandbox.
@@ -21,9 +23,9 @@ The judge is the grader's own code only: it reads the job on stdin and runs no s
     (files, processes, network, memory), but the verdict shares a process with it. Their
     graders do what a proxy cannot: swap the references into the function's globals (01's
     sampler and generate_naive), write into the cache's tensors in place (02), read the
-    function's code and source (04's block hash), run async generators (07's request stream),
-    launch a Triton kernel (08), hand over model layers (10's sharding) or test the class with
-    issubclass (12's structured outputs).
+    function's code and source and run it in a fresh process (04's block hash), run async
+    generators (07's request stream), launch a Triton kernel (08) or hand over model layers
+    (10's sharding).
 It writes the verdicts on stdout as `verdict.py` does (the grader's nonce, then JSON).
 """
 from __future__ import annotations
@@ -40,6 +42,7 @@ import threading
 
 from . import sandbox, wire
 from .code_read import read_here
+from .local_class import BASES, local_subclass
 from .proxy import ChannelGone, Peer
 
 # graders that run here, on proxies of the student's objects (the module docstring says why not the others)
@@ -48,7 +51,7 @@ OUTSIDE = frozenset({"check_ngram_proposer", "check_rejection_sampler", "check_r
                      "check_choice_constraint", "check_block_allocator", "check_slot_mapping",
                      "check_paged_attention", "check_prefix_cache", "check_copy_on_write", "check_scheduler",
                      "check_preemption", "check_swap", "check_detokenizer", "check_balanced_partition",
-                     "check_lora_delta", "check_chain_root"})
+                     "check_lora_delta", "check_chain_root", "check_structured_outputs"})
 # of those, graders that also read the function's code (`code_read.py`: read here, from the cells' source)
 READS_CODE = frozenset({"check_chain_root"})
 WITHHELD = "withheld while grading"
@@ -205,6 +208,8 @@ def _served(started, outside: list[dict], job: dict, hidden_fns: list, checks) -
             args = [channel.ask({"op": "get", "name": n}) for n in check["args"]]
             if check["grader"] in READS_CODE:
                 args = [read_here(a, n, job["cells"]) for a, n in zip(args, check["args"])]
+            if check["grader"] in BASES:
+                args = [local_subclass(a, check["grader"], check["objects"].get(n)) for a, n in zip(args, check["args"])]
             getattr(checks, check["grader"])(*args)
             results[-1].update(passed=True)
         except SandboxGone as e:

@@ -47,11 +47,14 @@ class Peer:
         self.by_id: dict[int, object] = {}
         self.ids: dict[int, int] = {}
         self.proxies: dict[int, Proxy] = {}
+        self.raised: dict[int, tuple[BaseException, int]] = {}   # id -> (exception made here, the other's handle)
 
     # ------------------------------------------------------------ handles
     def ref(self, obj) -> dict:
         if isinstance(obj, Proxy) and object.__getattribute__(obj, "_peer") is self:
             return {"$": "yours", "id": object.__getattribute__(obj, "_id")}
+        if self.raised.get(id(obj), (None,))[0] is obj:     # an exception the other side raised, handed back
+            return {"$": "yours", "id": self.raised[id(obj)][1]}
         key = id(obj)
         if key not in self.ids:
             self.ids[key] = len(self.by_id)
@@ -87,9 +90,13 @@ class Peer:
         if "raised" in reply:
             raised = reply["raised"]
             kind, message = str(raised.get("type", "Exception"))[:80], str(raised.get("message", ""))
-            if kind in EXCEPTIONS:
-                raise EXCEPTIONS[kind](message)
-            raise RuntimeError(f"{kind}: {message}")
+            handle = raised.get("handle") if isinstance(raised.get("handle"), dict) else {}
+            if handle.get("$") == "yours" and isinstance(self.by_id.get(handle.get("id")), BaseException):
+                raise self.by_id[handle["id"]]               # our own exception, let through: the same object
+            error = EXCEPTIONS[kind](message) if kind in EXCEPTIONS else RuntimeError(f"{kind}: {message}")
+            if handle.get("$") == "mine" and isinstance(handle.get("id"), int):
+                self.raised[id(error)] = (error, handle["id"])   # handed back, it is the other side's own again
+            raise error
         if "ok" not in reply:
             raise ChannelGone("the other side sent something that is not an answer")
         return self.decode(reply["ok"], got)
@@ -103,7 +110,8 @@ class Peer:
             reply = {"ok": value.data if isinstance(value, _Shared) else self.encode(value, out)}
         except BaseException as e:                        # SystemExit and KeyboardInterrupt included
             out = []
-            reply = {"raised": {"type": type(e).__name__, "message": str(e)[:4000]}}
+            reply = {"raised": {"type": type(e).__name__, "message": str(e)[:4000],
+                                 "handle": self.ref(e)}}
         with self.lock:
             wire.send(self.out, reply, out)
 

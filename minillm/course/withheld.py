@@ -34,6 +34,8 @@ METHODS = {
     "check_preemption": ("minillm.engine.scheduler:Scheduler.pick_victim", "minillm.engine.scheduler:Scheduler._preempt"),
     "check_copy_on_write": ("minillm.kv.block_manager:BlockManager.append_slots",),
     "check_swap": ("minillm.kv.block_manager:BlockManager.swap_out", "minillm.kv.block_manager:BlockManager.swap_in"),
+    "check_structured_outputs": ("minillm.structured.matchers:StructuredOutputs.mask_logits",
+                                 "minillm.structured.matchers:StructuredOutputs.advance"),
 }
 
 
