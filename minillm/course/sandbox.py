@@ -63,8 +63,10 @@ def _binds() -> list[str]:
 
 def _bwrap_base(writable: list[str]) -> list[str]:
     args = ["bwrap", "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-            "--uid", "1000", "--gid", "1000", "--hostname", "sandbox"] + _binds()
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/sandbox"]
+            "--uid", "1000", "--gid", "1000", "--hostname", "sandbox"]
+    # the private /tmp first: bwrap mounts in order, so a Python install under /tmp (a clone there,
+    # its .venv) is bound over it and stays visible, instead of being hidden by it
+    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"] + _binds() + ["--dir", "/sandbox"]
     for path in writable:
         args += ["--bind", path, path]
     return args
