@@ -247,7 +247,7 @@ def add_arguments(p) -> None:
     p.add_argument("--model", default=None)
     p.add_argument("--num-prompts", type=int, default=None)
     p.add_argument("--adapters", type=int, nargs="+", default=[1, 4, 16], help="adapter counts to spread over")
-    p.add_argument("--delta", nargs="+", choices=DELTAS, default=sorted({DEFAULT_DELTA, "packed"}),
+    p.add_argument("--delta", nargs="+", choices=DELTAS, default=sorted(DELTAS, key=lambda d: d == DEFAULT_DELTA),
                    help="ways of adding the LoRA delta to measure (the last one is held to the goal)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the results here")

@@ -9,7 +9,10 @@ Built by `attach_lora` when EngineConfig.enable_lora is set; the engine's schedu
 
 Two ways to add the deltas, same numbers: "grouped" (batched_delta.grouped_delta, per adapter
 and sub-projection: the lesson's) and "packed" (packed_delta.py: a few calls per linear
-whatever the number of adapters). `DEFAULT_DELTA` picks one for new engines, `use_delta` switches one.
+whatever the number of adapters). `DEFAULT_DELTA` picks one for new engines, `use_delta` switches one:
+"packed", because `python -m minillm bench lora` measured it faster at every adapter count (2-core Xeon,
+float32, the throughput workload: 1 / 4 / 16 adapters at 0.85x / 0.94x / 0.87x the base model's
+tok/s, against grouped's 0.84x / 0.85x / 0.76x; 1,875 operations per decode step against 28,688).
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from .slots import AdapterSlots
 from ..utils.validate import refuse
 
 DELTAS = ("grouped", "packed")
-DEFAULT_DELTA = "grouped"
+DEFAULT_DELTA = "packed"
 
 
 class LoRAManager:
