@@ -314,3 +314,31 @@ def test_smollm2_mixed_batch_matches_peft(smol, tmp_path):
         compare_greedy(hf, prompt, list(out.outputs[0].token_ids), want)
         compare_greedy(hf, prompt, list(out_packed.outputs[0].token_ids), want)
     assert len({tuple(o.outputs[0].token_ids) for o in outs[:3]}) == 3, "the adapters change the answer"
+
+
+def test_structured_outputs_follow_each_rows_adapter(tiny, adapters):
+    """A JSON-ish regex per request in a batch mixing the base model and every adapter: each answer
+    matches the pattern and is the one a model with that adapter merged into its weights gives
+    under the same constraint (the mask applies to each row's own adapted logits)."""
+    from minillm.bench.lora import shapes
+    from minillm.lora.merge import merged_copy
+    model, tok = tiny
+    loras = lora_requests(adapters)
+    pattern = r'\{"answer": "[a-z]{1,6}"\}'
+    params = SamplingParams(temperature=0.0, max_tokens=24, structured_outputs={"regex": pattern})
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+    llm = LLM(model, tokenizer=tok, enable_lora=True, max_loras=2, max_lora_rank=8, num_kv_blocks=256)
+    order = [None, *loras.values()]
+    outs = llm.generate(prompts * len(order), params, use_tqdm=False,       # one batch: every row its own
+                        lora_request=[lora for lora in order for _ in prompts])
+    texts = {None if lora is None else lora.lora_name: [o.outputs[0].text for o in outs[k * len(prompts):][:len(prompts)]]
+             for k, lora in enumerate(order)}
+    for name, got in texts.items():
+        for text in got:
+            assert re.fullmatch(pattern, text), f"{name}: {text!r} does not match {pattern}"
+        alone = model if name is None else merged_copy(model, load_adapter(
+            adapters[name][0], model.config.num_hidden_layers, shapes(model.config), 8))
+        want = [o.outputs[0].text for o in LLM(alone, tokenizer=tok, num_kv_blocks=256).generate(
+            prompts, params, use_tqdm=False)]
+        assert got == want, f"{name}: under the constraint the LoRA engine said {got}, the merged model {want}"
+    assert len({tuple(v) for v in texts.values()}) > 1, "the adapters were meant to change some answer"
