@@ -176,9 +176,13 @@ class PipelineExecutor:
                     return f"a rank on node 0 was killed (signal {-p.returncode})"
             silent = self._silent_ranks()
             if silent:
-                nodes = sorted({self.layout.node_of(r) for r in silent})
-                return (f"node {', '.join(map(str, nodes))} stopped answering: {self.where(silent[0])} and "
-                        f"{len(silent) - 1} other rank(s) sent no heartbeat for {SILENT_S:.0f} s")
+                # a rank that reported a lost peer and exited went silent *because of* the cause:
+                # name the others, the one silent longest first
+                cause = [r for r in silent if not self.store.check([f"minillm/error/{r}"])] or silent
+                cause.sort(key=lambda r: self.beats[r][1])
+                nodes = sorted({self.layout.node_of(r) for r in cause})
+                return (f"node {', '.join(map(str, nodes))} stopped answering: {self.where(cause[0])} and "
+                        f"{len(cause) - 1} other rank(s) sent no heartbeat for {SILENT_S:.0f} s")
             if time.monotonic() > deadline:
                 return echo
             time.sleep(0.2)
