@@ -19,13 +19,12 @@ from minillm import LLM, SamplingParams
 from minillm.bench.server_process import ServerProcess, free_port
 from minillm.checks.harness import tiny_model
 from minillm.lora import LoRARequest
-from minillm.models.reference import transformers_twin
 from minillm.server.data_parallel.prompts import routing_text
 from minillm.server.data_parallel.replicas import replica_argv
 from minillm.server.data_parallel.router import Router
 
 peft = pytest.importorskip("peft")
-from lora_support import make_adapter  # noqa: E402 (after the skip)
+from lora_support import make_adapters  # noqa: E402 (after the skip)
 
 ADAPTERS = [("sql", ["q_proj", "v_proj", "down_proj"], 4, 8, False),
             ("chat", ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], 8, 16, True),
@@ -60,10 +59,7 @@ def setup(tmp_path_factory):
     """(front, {adapter: folder}, {model name: [reference text per prompt]})."""
     model, tok = tiny_model()
     root = tmp_path_factory.mktemp("adapters")
-    folders = {}
-    for seed, (name, targets, r, alpha, rslora) in enumerate(ADAPTERS):
-        make_adapter(transformers_twin(model), root / name, targets, r, alpha, rslora, seed + 10)
-        folders[name] = str(root / name)
+    folders = make_adapters(model, root, ADAPTERS)
     llm = LLM(model, tokenizer=tok, enable_lora=True, max_loras=2, max_lora_rank=8, num_kv_blocks=128)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     refs = {}

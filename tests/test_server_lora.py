@@ -20,12 +20,11 @@ from minillm import LLM, SamplingParams
 from minillm.bench.server_process import ServerProcess, free_port
 from minillm.checks.harness import tiny_model
 from minillm.lora import LoRARequest
-from minillm.models.reference import transformers_twin
 from minillm.server import lora_routes
 from minillm.server.lora_models import ServedAdapters, parse_lora_modules
 
 peft = pytest.importorskip("peft")
-from lora_support import make_adapter  # noqa: E402 (after the skip)
+from lora_support import make_adapters  # noqa: E402 (after the skip)
 openai = pytest.importorskip("openai")
 
 # (name, target modules, rank, alpha, rsLoRA)
@@ -42,10 +41,7 @@ def setup(tmp_path_factory):
     """(server, {adapter name: folder}, {adapter name or None: [reference text per prompt]})."""
     model, tok = tiny_model()
     root = tmp_path_factory.mktemp("adapters")
-    folders = {}
-    for seed, (name, targets, r, alpha, rslora) in enumerate(ADAPTERS):
-        make_adapter(transformers_twin(model), root / name, targets, r, alpha, rslora, seed + 10)
-        folders[name] = str(root / name)
+    folders = make_adapters(model, root, ADAPTERS)
     llm = LLM(model, tokenizer=tok, enable_lora=True, **ENGINE)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     refs = {}
