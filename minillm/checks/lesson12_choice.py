@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import functools
 
+import torch
+
 from .harness import Grader, expect, grader, tiny_model
 
 NO_FORCING = '%llguidance {"no_forcing": true}\n'      # the grammar's own mask, no canonical-token forcing
@@ -58,9 +60,10 @@ def _expected(choices: tuple[str, ...]) -> dict[tuple, tuple[set[int], bool]]:
         matcher = SequenceGrammar(LLMatcher(structured.cache.ll_tokenizer, grammar), structured.vocab_size)
         for k in range(len(path) + 1):
             if tuple(path[:k]) not in out:
-                words = matcher.allowed()
-                bits = [(int(w) >> b) & 1 for w in words.tolist() for b in range(32)]
-                out[tuple(path[:k])] = ({t for t, bit in enumerate(bits) if bit}, matcher.matcher.is_accepting())
+                words = matcher.allowed()                  # bit t % 32 of word t // 32: token t
+                bits = (words[:, None] >> torch.arange(32, dtype=torch.int32)) & 1
+                out[tuple(path[:k])] = (set(bits.flatten().nonzero().flatten().tolist()),
+                                        matcher.matcher.is_accepting())
             if k < len(path):
                 matcher.advance(path[k])
     return out
