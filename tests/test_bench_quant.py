@@ -77,3 +77,12 @@ def test_quick_run_without_llama_cpp_hints_and_still_measures_every_row(tmp_path
     assert report["settings"]["prefill_tokens"] == 512 and report["settings"]["llama_cpp_throughput"] is None
     for row in ROWS:                                              # one 512-token prompt to its first token
         assert report["prefill_tok_s"][row] == pytest.approx(512 / report["ttft_s"][row])
+
+
+def test_compiled_only_keeps_the_float32_reference_and_drops_the_eager_twins():
+    from minillm.bench.quant import configurations
+    assert configurations(True, ("w4a8",)) == [("float32", None, False), ("w4a8", "w4a8", False),
+                                               ("float32+compile", None, True), ("w4a8+compile", "w4a8", True)]
+    assert configurations(True, ("w4a8",), compiled_only=True) == [("float32", None, False),
+                                                                  ("w4a8+compile", "w4a8", True)]
+    assert configurations(False, ("int8",), compiled_only=True) == [("float32", None, False), ("int8", "int8", False)]

@@ -3,7 +3,7 @@
 time in one run.
 
     python -m minillm bench quant [--model M | --model-shape S | --hf-config F] [--quick] [--json FILE]
-                                  [--against llama.cpp] [--compile]
+                                  [--against llama.cpp] [--compile [--compiled-only]]
                                   [engine flags: --quantization int8, --max-num-seqs 1, ...]
 
 The engine flags are cli/engine_args.py's, with two read as the rows to run: `--compile` adds
@@ -63,9 +63,14 @@ PROMPT_TEXT = ("The history of the city goes back many centuries. Its first hous
 QUANTIZATIONS = ("int8", "int4", "w4a8")
 
 
-def configurations(compile: bool, quantizations=QUANTIZATIONS) -> list[tuple[str, str | None, bool]]:
-    """(row name, quantization, compiled) for every minillm row; float32 always (the reference)."""
+def configurations(compile: bool, quantizations=QUANTIZATIONS, compiled_only: bool = False) \
+        -> list[tuple[str, str | None, bool]]:
+    """(row name, quantization, compiled) for every minillm row; float32 always (the reference),
+    eager. `compiled_only`: the quantized rows compiled, without their eager twins (every row is
+    an engine held in memory until the batch-1 turns end: at 1B, four do not fit 24 GiB)."""
     eager = [("float32", None, False)] + [(q, q, False) for q in quantizations]
+    if compile and compiled_only:
+        return eager[:1] + [(f"{name}+compile", q, True) for name, q, _ in eager[1:]]
     return eager + ([(f"{name}+compile", q, True) for name, q, _ in eager] if compile else [])
 
 
@@ -222,7 +227,7 @@ def main(args) -> dict:
           f"prompts, {sum(n for _, n in workload)} output tokens; prefill {len(prompts[0])} tokens; "
           f"read bandwidth {bandwidth / 1e9:.1f} GB/s; {torch.get_num_threads()} threads", flush=True)
     rows, runs = {}, {}
-    for name, quantization, compiled in configurations(args.compile, row_quantizations(args)):
+    for name, quantization, compiled in configurations(args.compile, row_quantizations(args), args.compiled_only):
         print(f"building {name}{' (compiling every bucket first: minutes when cold)' if compiled else ''}...",
               flush=True)
         rows[name] = build_minillm(args, quantization, compiled)
@@ -285,4 +290,7 @@ def add_arguments(p) -> None:
     p.add_argument("--decode-tokens", type=int, default=None, help="batch-1 tokens (default 128, 32 with --quick)")
     p.add_argument("--num-prompts", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--compiled-only", action="store_true",
+                   help="with --compile: the quantized rows compiled only, float32 eager as the reference "
+                        "(fewer engines in memory at once: what fits at 1B)")
     add_engine_arguments(p, device="cpu", dtype="float32")
