@@ -219,13 +219,11 @@ def _tv(a: torch.Tensor, b: torch.Tensor) -> float:
     return 0.5 * float((a - b).abs().sum())
 
 
-def _position_counts(runs: list[list[int]], drafts: list[int], j: int) -> torch.Tensor:
-    """Counts of the token emitted at position j over the runs that kept drafts[:j]; index V: no token there."""
-    counts = torch.zeros(V + 1)
-    for out in runs:
-        if out[:j] == drafts[:j]:
-            counts[out[j] if len(out) > j else V] += 1
-    return counts
+def _position_counts(table: torch.Tensor, drafts: list[int], j: int) -> torch.Tensor:
+    """Counts of the token emitted at position j over the runs (rows of `table`, V past a run's end)
+    that kept drafts[:j]; index V: no token there."""
+    kept = (table[:, :j] == torch.tensor(drafts[:j], dtype=torch.long)).all(dim=1)
+    return torch.bincount(table[kept, j], minlength=V + 1).float()
 
 
 def distribution_problem(fn, samples: int = 3000) -> str | None:
@@ -237,10 +235,15 @@ def distribution_problem(fn, samples: int = 3000) -> str | None:
     for trial, (logits, drafts, params, p) in enumerate(_trials()):
         gen = torch.Generator().manual_seed(100 + trial)
         runs = [[int(t) for t in fn(logits.clone(), list(drafts), params, gen)] for _ in range(samples)]
+        wrong = next((out for out in runs if not all(0 <= t < V for t in out)), None)
+        if wrong is not None:
+            return f"verify returned {wrong}: token ids are 0..{V - 1} here"
+        width = len(drafts) + 1                                 # a run of V tokens past its end: [samples, k + 1]
+        table = torch.tensor([(out + [V] * width)[:width] for out in runs], dtype=torch.long)
         raw = torch.softmax(logits, dim=-1)
         for j in range(len(drafts) + 1):
             target = torch.cat([p[j], torch.zeros(1)])
-            counts = _position_counts(runs, drafts, j)
+            counts = _position_counts(table, drafts, j)
             n = int(counts.sum())
             if n < 50:
                 return (f"position {j}: only {n} of {samples} runs kept the drafts {drafts[:j]} before it, although "
@@ -248,7 +251,7 @@ def distribution_problem(fn, samples: int = 3000) -> str | None:
                             f" and {float(p[1, drafts[1]]):.2f}" if j > 1 else "") + f"\n    Hint: {ACCEPT_RULE}")
             emp = counts / n
             tv, noise = _tv(emp, target), _noise(p[j], n)
-            small = _position_counts(runs[:samples // 16], drafts, j)
+            small = _position_counts(table[:samples // 16], drafts, j)
             small_total += _tv(small / max(1.0, float(small.sum())), target)
             big_total += tv
             closest_reference = min(_tv(r, p[j]) for r in references)
