@@ -69,3 +69,25 @@ def describe(ranges: list[range], costs: list[float]) -> str:
     total = sum(costs) or 1.0
     return "\n".join(f"  stage {s}: layers {r.start}-{r.stop - 1} ({len(r)} layers, "
                      f"{100 * sum(costs[i] for i in r) / total:.0f}% of the cost)" for s, r in enumerate(ranges))
+
+
+def micro_batches(tokens: list[int], m: int) -> list[range]:
+    """Pipeline parallelism's second decision: which of a step's sequences travel together.
+    Contiguous ranges of the plan (so the sampled rows keep the plan's order), at most `m`, none
+    empty, cut where the running token count passes each k/m of the total (a stage's time grows
+    with its micro-batch's tokens). Greedy, O(n): this runs every step.
+
+        micro_batches([1, 1, 1, 1], 2)   ->  [range(0, 2), range(2, 4)]
+        micro_batches([30, 1, 1], 2)     ->  [range(0, 1), range(1, 3)]     # a prefill chunk alone
+    """
+    if not isinstance(m, int) or m < 1:
+        raise ValueError(f"micro-batches must be an int >= 1, got {m!r}")
+    n = len(tokens)
+    m, total = min(m, n), sum(tokens)
+    cuts, seen = [0], 0
+    for i, t in enumerate(tokens[:-1]):
+        seen += t
+        k = len(cuts)                                   # the cut we are looking for
+        if k < m and (seen * m >= k * total or n - (i + 1) == m - k):   # its share reached, or one seq per part left
+            cuts.append(i + 1)
+    return [range(a, b) for a, b in zip(cuts, cuts[1:] + [n])] if n else []

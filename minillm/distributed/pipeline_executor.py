@@ -9,8 +9,17 @@ remote nodes need no model files). A step: the plan goes to every rank as one br
 (wire.py, no pickle), stage 0 embeds, each stage passes its hidden states to the next, and the
 last stage sends the sampling rows' logits back here. The scheduler, the ONE block manager
 (every stage's pool has the same blocks, holding its own layers' K/V), the sampler and the
-outputs stay here. One step is in the pipe at a time: the stages take turns (no micro-batches
-in flight yet; bench pp measures the bubble this leaves).
+outputs stay here.
+
+Micro-batches in flight: the step's sequences are cut into up to `micro_batches` (default P)
+contiguous micro-batches (partition.micro_batches, balanced by tokens) and the stages run them
+in order, each sending micro-batch k on and starting k + 1 at once: stage 0 computes B while
+stage 1 computes A, and the pipe idles (P-1)/(m+P-1) of a step instead of (P-1)/P. Every block
+decision (allocations, copies, swaps) was made for the whole step before the plan is sent, a
+sequence sits in one micro-batch, and every stage runs the micro-batches in the same order, so
+each sequence's K/V and tokens are exactly those of one process. The step ends when the last
+micro-batch's logits are back: the next step is planned with every token known (vLLM's virtual
+engines go further and plan micro-batch A's next step while B is still in the pipe).
 
 Faults: any failed or timed-out wait ends the group; the message names the rank and its node
 (its own error from the store, or the node whose heartbeats stopped), every later call raises
@@ -29,7 +38,7 @@ from ..runner.model_runner import ForwardOutput
 from ..utils.ports import free_port
 from . import wire
 from .node import ABORT_KEY, start_ranks, stop_ranks
-from .partition import balanced_partition, check_split, describe, layer_costs
+from .partition import balanced_partition, check_split, describe, layer_costs, micro_batches
 from .sharding import check_tensor_parallel_size
 from .stage import stage_tensor_names
 from .world import (Group, Layout, PipelineError, admit, broadcast_bytes, group_token, host_store, recv_bytes,
@@ -63,6 +72,7 @@ class PipelineExecutor:
         if verbose:
             print(f"minillm pipeline: {self.layout.pp} stage(s) x {self.layout.tp} tensor-parallel rank(s) over "
                   f"{self.layout.nnodes} node(s)\n{describe(self.stages, costs)}", flush=True)
+        self._micro = self.layout.pp              # a step is cut into at most this many (1: the stages take turns)
         self.dead, self.procs, self.lock = None, [], threading.Lock()
         addr = config.dist_init_addr or f"127.0.0.1:{free_port()}"
         self.host, self.port = split_addr(addr)
@@ -81,6 +91,17 @@ class PipelineExecutor:
         self.last_sent = time.monotonic()
         self.beats = {r: (-1, time.monotonic()) for r in range(1, self.layout.world_size)}
         threading.Thread(target=self._keepalive, daemon=True, name="minillm-pp-keepalive").start()
+
+    @property
+    def micro_batches(self) -> int:
+        """At most this many micro-batches per step (default P; 1: the stages take turns)."""
+        return self._micro
+
+    @micro_batches.setter
+    def micro_batches(self, m: int) -> None:
+        if not isinstance(m, int) or isinstance(m, bool) or m < 1:
+            raise ValueError(f"micro_batches must be an int >= 1, got {m!r}")
+        self._micro = m
 
     @property
     def pids(self) -> list[int]:
@@ -123,19 +144,27 @@ class PipelineExecutor:
                 raise ValueError("prompt_logprobs is not supported with pipeline parallelism yet")
             if seq.spec_token_ids or seq.lora_request is not None:
                 raise ValueError("speculation and LoRA are not supported with pipeline parallelism")
-        samplers = [seq for seq, n in scheduled if seq.num_computed_tokens + n == len(seq)]
+        parts = micro_batches([n for _, n in scheduled], self.micro_batches) if scheduled else []
+        samples = [[seq for seq, n in scheduled[r.start:r.stop] if seq.num_computed_tokens + n == len(seq)] for r in parts]
+        last = self.layout.rank(self.layout.pp - 1, 0)
         with self.lock:
             def step():
-                self._broadcast(wire.step_message(scheduled))
-                if not samplers:
-                    return torch.zeros(0, 0)
-                logits = torch.empty(len(samplers), self.resolved.vocab_size)
-                return self.control.recv(logits, self.layout.rank(self.layout.pp - 1, 0), STEP_TIMEOUT_S)
+                self._broadcast(wire.step_message(scheduled, [len(r) for r in parts]))
+                rows = [self.control.recv(torch.empty(len(s), self.resolved.vocab_size), last, STEP_TIMEOUT_S)
+                        for s in samples if s]             # micro-batch by micro-batch, as they leave the pipe
+                return torch.cat(rows) if rows else torch.zeros(0, 0)
             logits = self._call(step)
-        return ForwardOutput(samplers, logits, [], {})
+        return ForwardOutput([seq for s in samples for seq in s], logits, [], {})
+
+    def trace(self, on: bool = True) -> None:
+        """Have every rank record the order micro-batches enter and leave its stage (counters()'
+        "events": [ticket, step, micro-batch, "in" | "out"], tickets from one shared counter)."""
+        with self.lock:
+            self._call(lambda: self._broadcast(wire.encode("trace", on=on)))
 
     def counters(self) -> list[dict]:
-        """Each rank's step time and its seconds in transfers so far (bench pp)."""
+        """Each rank's steps, micro-batches, step and busy seconds, seconds in transfers so far,
+        and its trace events since the last call (bench pp, tests)."""
         def ask():
             self._broadcast(wire.encode("counters"))
             return [wire.decode(recv_bytes(self.control, r, STEP_TIMEOUT_S))[1]

@@ -5,10 +5,12 @@ by torchrun, never by multiprocessing: nothing of the user's script is imported 
 script without an `if __name__ == "__main__":` guard works. It joins the group (world.py: the
 token handshake, then the groups), receives its setup and its stage's weights from the driver
 (plain data and raw tensors, no pickle), builds its Stage, and runs what the driver broadcasts:
-    step        its part of the forward (stage.py)
+    step        its part of the forward (stage.py), micro-batch after micro-batch: while the
+                next stage works on micro-batch k this one already computes k + 1
+    trace       record (or stop recording) the order micro-batches enter and leave the stages
     block_ops   the same swaps and copies on its own layers' pool
     noop        the driver's keep-alive while the engine idles
-    counters    its compute and transfer times back to the driver (bench pp)
+    counters    its step, busy and transfer times and its trace back to the driver (bench pp)
     stop        exit
 It beats a heartbeat into the store every HEARTBEAT_S, so the driver can name a node that went
 silent; it exits when the driver is gone (no keep-alive for IDLE_TIMEOUT_S, or the store is
@@ -100,7 +102,9 @@ def run(store, layout: Layout, rank: int, bind: str) -> None:
     stage = Stage(setup, tensors, tp, device)
     del tensors
     control.send(torch.ones(1), 0)                          # ready
-    compute, steps = 0.0, 0
+    pipe, trace = Pipe(prev, nxt), Trace(store)
+    compute = busy = 0.0
+    steps = micro = 0
     while True:
         kind, msg = wire.decode(broadcast_bytes(control, None, IDLE_TIMEOUT_S))
         if kind == "stop":
@@ -108,18 +112,85 @@ def run(store, layout: Layout, rank: int, bind: str) -> None:
         if kind == "block_ops":
             stage.kv_cache.apply(BlockOps(*(list(map(tuple, msg[k])) for k in ("swap_out", "swap_in", "copies"))))
         elif kind == "step":
-            start = time.perf_counter()
-            logits = stage.run(msg["seqs"], lambda x: prev.recv(x, 0), lambda x: nxt.send(x, 1))
-            if logits is not None and t == 0:
-                control.send(logits.float().cpu(), 0)
-            compute += time.perf_counter() - start
-            steps += 1
+            start, waited, at = time.perf_counter(), pipe.waited, 0
+            for k, size in enumerate(msg["micro"]):           # in order: stage s runs k while s + 1 runs k - 1
+                def receive(x, k=k):
+                    pipe.recv(x)
+                    trace.mark(steps, k, "in")          # its input is here: the stage starts on it
+                    return x
+
+                def send(x, k=k):
+                    trace.mark(steps, k, "out")         # before the send is posted: the next stage's "in" comes after
+                    pipe.send(x)
+                if prev is None:
+                    trace.mark(steps, k, "in")
+                logits = stage.run(msg["seqs"][at:at + size], receive, send)
+                if nxt is None:
+                    trace.mark(steps, k, "out")
+                at += size
+                if logits is not None and t == 0:
+                    logits = logits.float().cpu()
+                    sent = time.perf_counter()
+                    control.send(logits, 0)
+                    waited -= time.perf_counter() - sent        # waiting for the driver is idle too
+            pipe.flush()
+            elapsed = time.perf_counter() - start
+            compute, busy = compute + elapsed, busy + elapsed - (pipe.waited - waited)
+            steps, micro = steps + 1, micro + len(msg["micro"])
+        elif kind == "trace":
+            trace.on = msg["on"]
         elif kind == "counters":
             groups = [g for g in (tp, prev, nxt) if g is not None]
             transfer = {g.name: g.seconds for g in groups}
-            send_bytes(control, wire.encode("report", rank=rank, stage=s, steps=steps, step_seconds=compute,
-                                            transfer_seconds=transfer), 0)
+            send_bytes(control, wire.encode("report", rank=rank, stage=s, steps=steps, micro_batches=micro,
+                                            step_seconds=compute, busy_seconds=busy, transfer_seconds=transfer,
+                                            events=trace.take()), 0)
 
+
+class Pipe:
+    """This rank's ends of the stage-to-stage links. A receive blocks (the previous stage must
+    have finished that micro-batch); a send is only posted, so the stage starts its next
+    micro-batch at once (the overlap), and is waited for before the next send and at the step's
+    end. `waited`: seconds spent blocked in either, idle time rather than work (bench pp)."""
+
+    def __init__(self, prev, nxt):
+        self.prev, self.nxt, self.pending, self.waited = prev, nxt, None, 0.0
+
+    def recv(self, x: torch.Tensor) -> torch.Tensor:
+        start = time.perf_counter()
+        self.prev.recv(x, 0)
+        self.waited += time.perf_counter() - start
+        return x
+
+    def send(self, x: torch.Tensor) -> None:
+        self.flush()
+        x = x.contiguous()
+        self.pending = (self.nxt.pg.send([x], 1, 0), x)      # the tensor stays alive until it is sent
+
+    def flush(self) -> None:
+        if self.pending is not None:
+            (work, x), self.pending = self.pending, None
+            start = time.perf_counter()
+            self.nxt._run(work, x, start)                       # bounded wait, counted as the group's seconds
+            self.waited += time.perf_counter() - start
+
+
+class Trace:
+    """Off unless the driver asks (bench, tests): which micro-batch entered ("in") and left
+    ("out") this stage, in ONE order over all ranks: each event takes a ticket from the store's
+    counter, so "stage 0 took micro-batch k+1 in before stage 1 let k out" is an ordering fact
+    across processes (and machines), not a comparison of clocks."""
+
+    def __init__(self, store):
+        self.store, self.on, self.events = store, False, []
+
+    def mark(self, step: int, k: int, what: str) -> None:
+        if self.on:
+            self.events.append([self.store.add("minillm/trace", 1), step, k, what])
+
+    def take(self) -> list:
+        events, self.events = self.events, []
+        return events
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -8,7 +8,8 @@ that are not ours (pickle's start with 0x80) are refused with WireError. The mod
 travel as raw tensors (torch.distributed send/recv), described by a manifest in the setup message.
 
 The step plan carries only what a rank needs per sequence: its id, where its new tokens start,
-the tokens, its block table, whether it samples (and so which rows the last stage scores).
+the tokens, its block table, whether it samples (and so which rows the last stage scores); and
+`micro`, the sizes of the micro-batches the sequences are cut into, in order (pipeline_executor.py).
 """
 from __future__ import annotations
 
@@ -18,13 +19,14 @@ MAGIC = b"MLLM1\n"
 
 # kind -> {field: type}; a list's items are checked by LIST_ITEMS below
 SCHEMAS: dict[str, dict[str, type]] = {
-    "step": {"seqs": list},
+    "step": {"seqs": list, "micro": list},
     "block_ops": {"swap_out": list, "swap_in": list, "copies": list},
     "setup": {"model_config": dict, "layers": list, "stage": int, "stages": int, "tp_rank": int, "tp_size": int,
               "device": str, "dtype": str, "num_kv_blocks": int, "block_size": int, "num_swap_blocks": int,
               "attention_backend": str, "tensors": list, "threads": int},
-    "report": {"rank": int, "stage": int, "steps": int, "step_seconds": float, "transfer_seconds": dict},
-    "noop": {}, "counters": {}, "stop": {},
+    "report": {"rank": int, "stage": int, "steps": int, "micro_batches": int, "step_seconds": float,
+               "busy_seconds": float, "transfer_seconds": dict, "events": list},
+    "trace": {"on": bool}, "noop": {}, "counters": {}, "stop": {},
 }
 INT = {int}
 SEQ_FIELDS = {"id": int, "start": int, "tokens": list, "table": list, "sample": bool}
@@ -80,20 +82,24 @@ def check(kind, fields: dict) -> None:
                 raise WireError(f"a step's sequence must be {{{', '.join(SEQ_FIELDS)}}} with those types")
             if not set(map(type, seq["tokens"])) <= INT or not set(map(type, seq["table"])) <= INT:
                 raise WireError("a step's tokens and block table must be ints")       # (map: the loop runs in C)
+        micro = fields["micro"]
+        if not set(map(type, micro)) <= INT or any(k < 1 for k in micro) or sum(micro) != len(fields["seqs"]):
+            raise WireError("a step's micro-batch sizes must be ints >= 1 that add up to its sequences")
     if kind == "block_ops":
         for name in schema:
             if not all(isinstance(p, list) and len(p) == 2 and all(_is(x, int) for x in p) for p in fields[name]):
                 raise WireError(f"block_ops.{name} must be [src, dst] int pairs")
 
 
-def step_message(scheduled) -> bytes:
-    """The engine's plan [(Sequence, num_new_tokens)] as the ranks read it."""
+def step_message(scheduled, micro: list[int] | None = None) -> bytes:
+    """The engine's plan [(Sequence, num_new_tokens)] as the ranks read it, cut into micro-batches
+    of these sizes (default: one)."""
     seqs = []
     for seq, n in scheduled:
         start = seq.num_computed_tokens
         seqs.append({"id": seq.seq_id, "start": start, "tokens": seq.input_tokens(start, start + n),
                      "table": list(seq.block_table), "sample": start + n == len(seq)})
-    return encode("step", _checked=False, seqs=seqs)
+    return encode("step", _checked=False, seqs=seqs, micro=micro if micro is not None else [len(seqs)] * bool(seqs))
 
 
 def block_ops_message(ops) -> bytes:
