@@ -6,117 +6,65 @@ real server (`build_app(..., stream_cls=cls)`) on the tiny random Llama: a strea
 equals the engine's offline text, and a client that hangs up mid-stream has its request
 aborted at once, with every KV block back in the pool. Bugs here hang a handler or leak
 blocks rather than fail loudly, so every wait has a timeout that becomes a hint.
+
+The grader has two halves (`course/collect.py`): `lesson07_collect.collect_stream` runs the
+scenarios and the server with the learner's class and records what happened, as data (in the
+grading sandbox, where the class is; request ids and prompt drawn from the judge's seed);
+`judge_request_stream` judges that record here, against the engine's own offline text.
 """
 from __future__ import annotations
 
-import asyncio
-import inspect
-import json
-import threading
-import time
-from types import SimpleNamespace
-
+from .collected import is_error, rebuilt
 from .harness import Grader, expect, grader, tiny_model
+from .lesson07_collect import collect_stream, ids_for, output, prompt_for
 
-TIMEOUT = 5.0
 THREAD_SAFE = ("deliver() runs on the engine loop's thread, but an asyncio.Queue belongs to the event "
                "loop's thread and is not thread-safe: hand the item over with "
                "self.loop.call_soon_threadsafe(self.queue.put_nowait, item)")
 
 
-class _Front:
-    """Stands in for the AsyncEngine: records the commands a stream sends it."""
-
-    def __init__(self):
-        self.sent = []
-
-    def send(self, command):
-        self.sent.append(command)
-
-
 def _thread_error(e) -> str:
     if isinstance(e, NotImplementedError):
-        return ("your stream is not implemented yet (deliver() raised NotImplementedError): fill in the "
+        said = f": {e}" if str(e) not in ("", "YOUR CODE HERE") else ""
+        return (f"your stream is not implemented yet (deliver() raised NotImplementedError{said}): fill in the "
                 "exercise cell and run it again")
     return f"deliver() raised {type(e).__name__}: {e}. {THREAD_SAFE}"
 
 
-def _out(rid, finished=False):
-    return SimpleNamespace(request_id=rid, finished=finished, outputs=[])
+class _Item:
+    """Something the stream yielded that is not one of the delivered outputs: its repr."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self):
+        return self.text
 
 
-def _run(g, doing, coro_fn, hint_on_timeout, give_up=lambda: False):
-    """Run coro_fn() on a fresh event loop in debug mode, in a thread of its own (a notebook's
-    thread already runs one); a hang becomes the hint (a str, or a function giving one), and
-    `give_up()` true ends the wait early. A hung task is cancelled; one that cannot even be
-    cancelled (a wakeup lost to a non-thread-safe call never comes) has its coroutine closed."""
-    box = {}
-
-    def worker():
-        loop = asyncio.new_event_loop()
-        loop.set_debug(True)
-        loop.slow_callback_duration = 60
-        asyncio.set_event_loop(loop)
-        task = loop.create_task(coro_fn())
-        try:
-            deadline = time.monotonic() + TIMEOUT
-            while not task.done() and not give_up() and time.monotonic() < deadline:
-                loop.run_until_complete(asyncio.wait({task}, timeout=0.05))
-            if task.done():
-                loop.run_until_complete(loop.shutdown_asyncgens())
-                box["result"] = task.result()
-            else:
-                task.cancel()
-                loop.run_until_complete(asyncio.wait({task}, timeout=0.5))
-        except BaseException as e:        # noqa: BLE001 - raised again in the grader's thread
-            box["error"] = e
-        finally:
-            if not task.done():           # a lost wakeup: even cancel() cannot reach the task
-                task._log_destroy_pending = False
-                try:
-                    task.get_coro().close()
-                except BaseException:     # noqa: BLE001 - whatever the learner's code does on close
-                    pass
-            asyncio.set_event_loop(None)
-            loop.close()
-
-    thread = threading.Thread(target=worker, name="check-request-stream", daemon=True)
-    thread.start()
-    thread.join(TIMEOUT + 30)
+def _ran(g, doing, run: dict, hint_on_timeout):
+    """A scenario's record (`lesson07_collect._run`): its result; its error, or the hint for its
+    hang, raised as the grader's case `doing`."""
     with g.case(doing):
-        if "error" in box:
-            raise box["error"]
-        if "result" not in box:
+        if is_error(run.get("error")):
+            raise rebuilt(run["error"])
+        if "result" not in run:
             hint = hint_on_timeout() if callable(hint_on_timeout) else hint_on_timeout
             raise AssertionError(f"{hint} (while {doing})")
-        return box["result"]
+        return run["result"]
 
 
-
-def _engine_thread(stream, items, errors):
-    """Deliver items from another thread, as the engine loop does, after the handler waits."""
-    def run():
-        try:
-            for item in items:
-                time.sleep(0.01)
-                stream.deliver(item)
-        except Exception as e:            # noqa: BLE001 - reported by the grader
-            errors.append(e)
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t
+def _item(record, outs):
+    """A yielded item as recorded: ("pair", index, which delivered output) or ("other", repr)."""
+    if record[0] == "pair":
+        which = record[2]
+        return record[1], outs[which] if isinstance(which, int) and 0 <= which < len(outs) else _Item(str(which))
+    return _Item(str(record[1]))
 
 
-def _deliveries(g, cls, ids, outs, doing):
-    """Items delivered from a thread while the handler iterates: what it got, and errors."""
-    got, errors = [], []
-
-    async def handler():
-        stream = cls(_Front(), ids, ["p"] * len(ids), [None] * len(ids), 0)
-        await asyncio.sleep(0.05)                      # ...so that the handler waits when items arrive
-        _engine_thread(stream, [("output", o) for o in outs], errors)
-        async for item in stream:
-            got.append(item)
+def _deliveries(g, run: dict, outs, doing):
+    """What the handler got while `outs` were delivered from a thread: (index, output) pairs."""
+    errors = [rebuilt(e) for e in run.get("errors", []) if is_error(e)]
+    got = [_item(record, outs) for record in run.get("got", [])]
 
     def stuck():
         if errors:
@@ -126,14 +74,14 @@ def _deliveries(g, cls, ids, outs, doing):
         return (f"the iteration never ended, though every request finished (it got {len(got)} of {len(outs)} "
                 "outputs): discard a request id from self.unfinished when its output is finished; the loop "
                 "`while self.unfinished` then ends")
-    _run(g, doing, handler, stuck, give_up=lambda: bool(errors))
+    _ran(g, doing, run, stuck)
     expect(not errors, _thread_error(errors[0]) if errors else "")
     return got
 
 
-def _unit(g, cls) -> None:
-    outs = [_out("r-0"), _out("r-0"), _out("r-0", finished=True)]
-    got = _deliveries(g, cls, ["r-0"], outs, "iterating one request's stream")
+def _unit(g, data: dict, p: str) -> None:
+    outs = [output(f"{p}r-0"), output(f"{p}r-0"), output(f"{p}r-0", finished=True)]
+    got = _deliveries(g, data["one"], outs, "iterating one request's stream")
     for item in got:
         expect(isinstance(item, tuple) and len(item) == 2,
                f"the stream yielded {item!r}: yield (prompt index, RequestOutput) pairs")
@@ -141,132 +89,81 @@ def _unit(g, cls) -> None:
                                             "finish reason and the final text) never reached the handler: yield "
                                             "it, then end the iteration")
     expect([o for _, o in got] == outs, f"the stream yielded {len(got)} outputs, not the 3 delivered, in order")
-    expect([i for i, _ in got] == [0, 0, 0], f"the stream yielded indices {[i for i, _ in got]} for request r-0, "
+    expect([i for i, _ in got] == [0, 0, 0], f"the stream yielded indices {[i for i, _ in got]} for request {p}r-0, "
                                              "prompt 0: yield self.index[out.request_id], out")
-    outs = [_out("x-0"), _out("x-1"), _out("x-0", finished=True), _out("x-1"), _out("x-1", finished=True)]
-    got = _deliveries(g, cls, ["x-0", "x-1"], outs, "iterating a stream of two prompts (x-0, x-1)")
-    expect(len(got) >= 3 and got[2][1] is outs[2], "dropped last delta: x-0's finished output never reached "
-                                                   "the handler: yield it, then drop x-0 from self.unfinished")
-    expect(len(got) == 5, f"the stream ended after {len(got)} of 5 outputs, when x-0 finished while x-1 was "
+    outs = [output(f"{p}x-0"), output(f"{p}x-1"), output(f"{p}x-0", finished=True), output(f"{p}x-1"),
+            output(f"{p}x-1", finished=True)]
+    got = _deliveries(g, data["two"], outs, f"iterating a stream of two prompts ({p}x-0, {p}x-1)")
+    expect(len(got) >= 3 and got[2][1] is outs[2], f"dropped last delta: {p}x-0's finished output never reached "
+                                                   f"the handler: yield it, then drop {p}x-0 from self.unfinished")
+    expect(len(got) == 5, f"the stream ended after {len(got)} of 5 outputs, when {p}x-0 finished while {p}x-1 was "
                           "still running: end only when every request of the stream has finished")
     expect([i for i, _ in got] == [0, 1, 0, 1, 1], f"the stream yielded indices {[i for i, _ in got]} for "
                                                    "x-0, x-1, x-0, x-1, x-1: yield self.index[out.request_id]")
-
-    async def failure():
-        stream = cls(_Front(), ["f-0"], ["p"], [None], 0)
-        stream.deliver(("output", _out("f-0")))
-        stream.deliver(("failed", RuntimeError("the engine loop failed")))
-        try:
-            async for _ in stream:
-                pass
-        except RuntimeError as e:
-            return str(e)
-        return None
-    raised = _run(g, "delivering ('failed', error) to a stream", failure,
+    raised = _ran(g, "delivering ('failed', error) to a stream", data["failure"],
                   "after ('failed', error) the handler still waits: raise the error (the engine loop failed, no "
                   "output will come)")
     expect(raised == "the engine loop failed", "after ('failed', RuntimeError(...)) the iteration ended quietly: "
                                                "raise the error, so the handler answers 500 instead of a "
                                                "truncated answer that looks complete")
-
-    async def leave():
-        front = _Front()
-        stream = cls(front, ["a-0", "a-1"], ["p", "p"], [None, None], 0)
-        stream.deliver(("output", _out("a-0", finished=True)))
-        stream.deliver(("output", _out("a-1")))
-        async with stream:
-            n = 0
-            async for _ in stream:
-                n += 1
-                if n == 2:
-                    break                              # the handler leaves: the client hung up
-        return front.sent
-    sent = _run(g, "leaving `async with stream` after two outputs (the client hung up)", leave,
+    sent = _ran(g, "leaving `async with stream` after two outputs (the client hung up)", data["leave"],
                 "leaving the stream hangs")
     expect(sent, "blocks leaked on disconnect: leaving the stream (the client hung up) sent no abort, so the "
                  "request keeps generating and its KV blocks stay taken until it ends on its own. abort() must "
                  "send ('abort', [ids still unfinished]) with self.front.send")
     ids = {i for kind, arg in sent if kind == "abort" for i in arg}
-    expect(all(kind == "abort" for kind, _ in sent) and "a-1" in ids and ids <= {"a-0", "a-1"},
-           f"leaving the stream sent {sent}: expected ('abort', ['a-1']), the requests still unfinished")
-
-    async def disconnect():
-        front = _Front()
-        stream = cls(front, ["d-0"], ["p"], [None], 0)
-        handler = asyncio.ensure_future(_drain(stream))
-        await asyncio.sleep(0.05)                      # the handler now waits for an output
-        stream.abort()                                 # the disconnect watcher, from another task
-        await handler
-        return front.sent
-    sent = _run(g, "calling abort() while the handler waits for an output", disconnect,
+    expect(all(kind == "abort" for kind, _ in sent) and f"{p}a-1" in ids and ids <= {f"{p}a-0", f"{p}a-1"},
+           f"leaving the stream sent {sent}: expected ('abort', ['{p}a-1']), the requests still unfinished")
+    sent = _ran(g, "calling abort() while the handler waits for an output", data["disconnect"],
                 "after abort() the handler still waits for outputs that will never come (the engine forgot the "
                 "request): wake it up, put ('closed', None) on self.queue and end the iteration on it")
     expect(sent, "blocks leaked on disconnect: abort() sent nothing to the engine; send ('abort', [ids])")
-
-    async def closed_later():
-        return cls(_Front(), ["c-0"], ["p"], [None], 0)
-    stream = _run(g, "creating a stream", closed_later, "creating a stream hangs")
+    _ran(g, "creating a stream", data["create"], "creating a stream hangs")
     with g.case("calling deliver() after the event loop closed"):
-        try:
-            stream.deliver(("output", _out("c-0")))
-        except RuntimeError as e:
-            raise AssertionError(f"deliver() raised RuntimeError ({e}) after the event loop had closed (the "
-                                 "server is shutting down): nobody listens any more, so catch RuntimeError and "
-                                 "drop the item; an exception here would kill the engine loop's thread") from None
+        if is_error(data.get("late")):
+            e = rebuilt(data["late"])
+            if isinstance(e, RuntimeError):
+                raise AssertionError(f"deliver() raised RuntimeError ({e}) after the event loop had closed (the "
+                                     "server is shutting down): nobody listens any more, so catch RuntimeError and "
+                                     "drop the item; an exception here would kill the engine loop's thread")
+            raise e
 
 
-async def _drain(stream):
-    async for _ in stream:
-        pass
-
-
-def _in_the_server(g, cls) -> None:
-    import httpx
-
+def _in_the_server(g, data: dict, seed: int | None) -> None:
     from ..engine.engine import LLMEngine
     from ..sampling_params import SamplingParams
-    from ..server.app import build_app
-    from ..server.run import serve_in_thread, stop_server
 
     model, tok = tiny_model()
-    options = dict(num_kv_blocks=128, max_model_len=1024, block_size=8)
-    expected = LLMEngine(model, tok, **options).generate(["The capital of France is"], SamplingParams(
-        temperature=0, max_tokens=12))[0].outputs[0].text
-    engine = LLMEngine(model, tok, **options)
-    aborted, abort = [], engine.abort_request
-    engine.abort_request = lambda rid: (aborted.append(rid), abort(rid))[1]
-    with g.case("building and starting the server with build_app(engine, ..., stream_cls=cls)"):
-        app = build_app(engine, "tiny-llama", stream_cls=cls)
-        server = serve_in_thread(app)
-    front = app.state.served.front
-    try:
-        body = {"prompt": "The capital of France is", "max_tokens": 12, "temperature": 0, "stream": True}
-        with g.case("streaming a completion from the server"):
-            text = ""
-            with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=30) as r:
-                for line in r.iter_lines():
-                    if line.startswith("data: {"):
-                        text += json.loads(line[6:])["choices"][0]["text"]
-        expect(text == expected, f"the server streamed {text!r}, the engine offline generates {expected!r}: "
-                                 "every output must reach the handler, in order")
-        body = dict(body, max_tokens=600, ignore_eos=True)
-        with g.case("a client that hangs up after two chunks"):
-            with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=30) as r:
-                chunks = 0
-                for line in r.iter_lines():
-                    chunks += line.startswith("data: {")
-                    if chunks == 2:
-                        break
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and (not aborted or front.snapshot.get("num_running")
-                                               or front.snapshot.get("kv_blocks_used")):
-            time.sleep(0.02)
-        expect(aborted, "blocks leaked on disconnect: the client hung up after two chunks of 600, but the engine "
-                        "never got an abort: the request ran on, holding its KV blocks")
-        used = front.snapshot.get("kv_blocks_used")
-        expect(used == 0, f"{used} KV blocks are still in use after the client hung up and the engine went idle")
-    finally:
-        stop_server(server)
+    expected = LLMEngine(model, tok, num_kv_blocks=128, max_model_len=1024, block_size=8).generate(
+        [prompt_for(seed)], SamplingParams(temperature=0, max_tokens=12))[0].outputs[0].text
+    stages = {"start": "building and starting the server with build_app(engine, ..., stream_cls=cls)",
+              "stream": "streaming a completion from the server", "hang up": "a client that hangs up after two chunks"}
+    for stage, doing in stages.items():
+        with g.case(doing):
+            if data.get("stage") == stage and is_error(data.get("error")):
+                raise rebuilt(data["error"])
+        if stage == "stream":
+            text = data.get("text")
+            expect(text == expected, f"the server streamed {text!r}, the engine offline generates {expected!r}: "
+                                     "every output must reach the handler, in order")
+    expect(data.get("stage") == "done", f"the server run stopped at {data.get('stage')!r}")
+    expect(data.get("aborted") is True, "blocks leaked on disconnect: the client hung up after two chunks of 600, "
+                                        "but the engine never got an abort: the request ran on, holding its KV blocks")
+    used = data.get("used")
+    expect(used == 0, f"{used} KV blocks are still in use after the client hung up and the engine went idle")
+
+
+def judge_request_stream(collect, seed: int | None = None) -> bool:
+    """The judge half (`course/collect.py`): collect(part="unit" | "server", seed=...) is what the
+    learner's class did (`lesson07_collect.collect_stream`, in the grading sandbox or here)."""
+    g = Grader("check_request_stream", "your stream")
+    data = collect(part="unit", seed=seed)
+    expect(data.get("asyncgen") is True,
+           "_outputs is not an async generator function (an `async def` that `yield`s (index, output) "
+           "pairs): it is not implemented yet, or it returns instead of yielding")
+    _unit(g, data, ids_for(seed))
+    _in_the_server(g, collect(part="server", seed=seed), seed)
+    return g.passed()
 
 
 @grader
@@ -281,10 +178,4 @@ def check_request_stream(cls) -> bool:
     Then the real server with `build_app(..., stream_cls=cls)` streams the engine's offline
     text, and a client hanging up mid-stream gets its request aborted, all KV blocks freed.
     """
-    g = Grader("check_request_stream", "your stream")
-    expect(inspect.isasyncgenfunction(cls._outputs),
-           "_outputs is not an async generator function (an `async def` that `yield`s (index, output) "
-           "pairs): it is not implemented yet, or it returns instead of yielding")
-    _unit(g, cls)
-    _in_the_server(g, cls)
-    return g.passed()
+    return judge_request_stream(lambda **inputs: collect_stream(cls, **inputs))

@@ -17,20 +17,25 @@ this order, so the first case that fails names the likely mistake:
   large scores                    exp of scores minus the running max, never raw
   splits of the context           each program covers only tokens start..end of its split
 
-Every case uses fixed seeds and float32 (the interpreter's half-precision dot is wrong).
-Under the interpreter a launch takes a fraction of a second, so the shapes are small.
+Every case uses float32 (the interpreter's half-precision dot is wrong) and seeded caches (fixed
+seeds in a notebook; seeds drawn at grading time in the grading sandbox). Under the interpreter a
+launch takes a fraction of a second, so the shapes are small.
+
+The grader has two halves (`course/collect.py`): `lesson08_launch.collect_decode` launches the
+kernel and returns its output and partials as data (in the grading sandbox, where the student's
+kernel is); `judge_paged_decode_kernel` compares them with the torch reference's decode on the
+same caches, here.
 """
 from __future__ import annotations
 
 import inspect
-from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
+from .collected import rebuilt
 from .harness import Grader, expect, grader
-
-HEAD_DIM = 16            # the smallest a GPU's tl.dot takes
+from .lesson08_launch import collect_decode, decode_with, make_inputs  # noqa: F401 (decode_with: the lesson's)
 
 
 @dataclass
@@ -91,99 +96,18 @@ CASES = [
 ]
 
 
-@contextmanager
-def _launching(kernel):
-    """While inside, the package's launch code (`triton_decode.paged_decode`) launches
-    `kernel` instead of its own; `partials` receives what each launch handed to
-    combine_splits (the splits' (m, l, acc)), so a check can look at every split."""
-    from ..attention import triton_decode
-    own_kernel, own_combine = triton_decode.paged_decode_kernel, triton_decode.combine_splits
-    partials = []
-
-    def recording_combine(part_max, part_sum, part_acc):
-        partials.append((part_max.clone(), part_sum.clone(), part_acc.clone()))
-        return own_combine(part_max, part_sum, part_acc)
-
-    triton_decode.paged_decode_kernel, triton_decode.combine_splits = kernel, recording_combine
-    try:
-        yield partials
-    finally:
-        triton_decode.paged_decode_kernel, triton_decode.combine_splits = own_kernel, own_combine
-
-
-def decode_with(kernel):
-    """`triton_decode.paged_decode` (same arguments, same result) launching `kernel`: how the
-    lesson plugs your kernel into the Triton backend (`backend.decode_kernel`)."""
-    from ..attention import triton_decode
-
-    def paged_decode(*args, **kwargs):
-        with _launching(kernel):
-            return triton_decode.paged_decode(*args, **kwargs)
-
-    paged_decode.__doc__ = triton_decode.paged_decode.__doc__
-    return paged_decode
-
-
-def _device_for(kernel) -> str:
-    """Where `kernel` runs: interpreted kernels on CPU tensors, compiled ones on the GPU."""
-    try:
-        from triton.runtime.interpreter import InterpretedFunction
-        from triton.runtime.jit import JITFunction
-    except ImportError as e:
-        raise AssertionError(f"Triton is not installed ({e}): `pip install triton` (it comes with the course's "
-                             "test extra), restart the kernel and run the lesson from the top") from e
-    if isinstance(kernel, InterpretedFunction):
-        return "cpu"
-    expect(isinstance(kernel, JITFunction),
-           f"your kernel is a {type(kernel).__name__}, not a Triton kernel: put @triton.jit on the line "
-           "above `def`")
-    expect(torch.cuda.is_available(),
-           "your kernel was compiled for a GPU, and there is none: on a CPU Triton runs kernels only under "
-           "its interpreter, which it chooses when the @triton.jit function is defined. Set "
-           "os.environ['TRITON_INTERPRET'] = '1' before defining it (the notebook's first cell does: "
-           "restart the kernel and run the cells from the top)")
-    return "cuda"
-
-
-def _is_the_stub(error: BaseException) -> bool:
-    """Did the kernel fail on the exercise's `raise NotImplementedError`? The interpreter wraps it
-    in an InterpreterError; Triton's compiler refuses a `raise` (an unsupported Raise node)."""
-    while error is not None:
-        if isinstance(error, NotImplementedError) or "NotImplementedError" in str(error) \
-                or "unsupported AST node type: Raise" in str(error):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
-
-
-def _signature_problem(kernel) -> str | None:
+def _signature_problem(theirs) -> str | None:
     from ..attention.triton_decode import paged_decode_kernel
-    theirs = list(inspect.signature(kernel.fn).parameters)
     ours = list(inspect.signature(paged_decode_kernel.fn).parameters)
     if theirs == ours:
         return None
-    return (f"your kernel's parameters are ({', '.join(theirs)}); the launch code passes "
+    return (f"your kernel's parameters are ({', '.join(map(str, theirs or []))}); the launch code passes "
             f"({', '.join(ours)}): keep the signature of the exercise cell")
 
 
-def _make_inputs(case: Case, device: str, seed: int):
-    """Caches of a pool with spare blocks, each sequence's blocks (scattered or in order),
-    tables padded with 0 like the engine's, q for every query head."""
-    gen = torch.Generator().manual_seed(seed)
-    bs, hkv, heads = case.block_size, case.num_kv_heads, case.num_kv_heads * case.group
-    needed = [-(-n // bs) for n in case.seq_lens]
-    pool = sum(needed) + 3
-    k_cache = torch.randn(pool, bs, hkv, HEAD_DIM, generator=gen)
-    v_cache = torch.randn(pool, bs, hkv, HEAD_DIM, generator=gen)
-    order = torch.randperm(pool, generator=gen) if case.scattered else torch.arange(pool)
-    width, tables, used = max(needed), [], 0
-    for n in needed:
-        row = order[used:used + n].tolist()
-        used += n
-        tables.append(row + [0] * (width - n))          # 0: the padding of a shorter table
-    q = torch.randn(len(case.seq_lens), heads, HEAD_DIM, generator=gen) * case.score_scale
-    as_long = lambda x: torch.tensor(x, dtype=torch.long, device=device)
-    return (q.to(device), k_cache.to(device), v_cache.to(device), as_long(tables), as_long(case.seq_lens))
+def _geometry(case: Case) -> dict:
+    """What the collect half needs of a case to draw its caches and launch."""
+    return {k: v for k, v in asdict(case).items() if k not in ("what", "hint")}
 
 
 def _split_partials_expected(q, k_cache, v_cache, tables, seq_lens, group, split_tokens, num_splits):
@@ -207,36 +131,36 @@ def _split_partials_expected(q, k_cache, v_cache, tables, seq_lens, group, split
     return m, l
 
 
-@grader
-def check_paged_decode_kernel(kernel) -> bool:
-    """`kernel`: a @triton.jit function with the signature of
-    `minillm.attention.triton_decode.paged_decode_kernel`. Launched through the package's
-    `paged_decode` on the cases of this module's CASES (block sizes 1, 3 and 16, GQA groups 1
-    and 3, contexts of several tiles, large scores, 3 splits), each compared with the torch
-    reference's decode (float32, atol 1e-4); for the split case each split's partial
-    (running max, sum) is also compared with the same quantities over that split's tokens."""
+def judge_paged_decode_kernel(collect, seed: int = 0) -> bool:
+    """The judge half (`course/collect.py`): collect(seed=..., **case) is what the learner's
+    kernel gave on a case (`lesson08_launch.collect_decode`, in the grading sandbox or here),
+    compared here with the torch reference's decode on the same caches."""
     from triton import cdiv
 
     from ..attention import triton_decode
     from ..attention.paged import TorchPagedAttention
 
     g = Grader("check_paged_decode_kernel", "your kernel")
-    device = _device_for(kernel)
-    problem = _signature_problem(kernel)
-    expect(problem is None, problem)
     for i, case in enumerate(CASES):
-        q, k_cache, v_cache, tables, seq_lens = _make_inputs(case, device, seed=i)
-        with g.case(f"launching it on: {case.what}"), _launching(kernel) as partials:
-            try:
-                out = triton_decode.paged_decode(q, k_cache, v_cache, tables, seq_lens, num_splits=case.num_splits)
-                if device == "cuda":
-                    torch.cuda.synchronize()
-            except Exception as e:
-                if _is_the_stub(e):
-                    raise NotImplementedError from e
-                raise
-        expected = TorchPagedAttention().decode(q, k_cache, v_cache, tables, seq_lens - 1)
-        out, expected = out.float().cpu(), expected.float().cpu()
+        data = collect(seed=seed + i, **_geometry(case))
+        if "refused" in data:
+            raise rebuilt(data["refused"])
+        if i == 0:
+            problem = _signature_problem(data.get("signature"))
+            expect(problem is None, problem)
+        q, k_cache, v_cache, tables, seq_lens = make_inputs(case.block_size, case.num_kv_heads, case.group,
+                                                            case.seq_lens, case.scattered, case.score_scale,
+                                                            "cpu", seed + i)
+        with g.case(f"launching it on: {case.what}"):
+            if "launch" in data:
+                if data.get("stub"):
+                    raise NotImplementedError from rebuilt(data["launch"])
+                raise rebuilt(data["launch"])
+        expected = TorchPagedAttention().decode(q, k_cache, v_cache, tables, seq_lens - 1).float()
+        out = data.get("out")
+        expect(isinstance(out, torch.Tensor) and out.shape == expected.shape,
+               f"the launch on {case.what} gave {getattr(out, 'shape', type(out).__name__)}, expected a tensor of "
+               f"shape {list(expected.shape)}")
         expect(torch.isfinite(out).all(),
                f"your kernel's output has inf or nan on: {case.what}.\n    Hint: {case.hint}")
         error = (out - expected).abs().max().item()
@@ -246,7 +170,7 @@ def check_paged_decode_kernel(kernel) -> bool:
                                  f"query head {h}: max error {error:.3g} against the torch reference's "
                                  f"decode.\n    Hint: {case.hint}")
         if case.num_splits > 1:
-            part_max, part_sum, _ = (t.cpu() for t in partials[0])
+            part_max, part_sum, _ = data["partials"][0]
             max_tokens = tables.shape[1] * case.block_size
             split_tokens = cdiv(cdiv(max_tokens, case.num_splits), triton_decode.BLOCK_N) * triton_decode.BLOCK_N
             m, l = _split_partials_expected(q, k_cache, v_cache, tables, seq_lens, case.group, split_tokens,
@@ -258,3 +182,14 @@ def check_paged_decode_kernel(kernel) -> bool:
                    "(an empty split: m = -inf, l = 0). With every program walking the whole context the "
                    f"merge still gives the right answer, with {case.num_splits}x the work.\n    Hint: {case.hint}")
     return g.passed()
+
+
+@grader
+def check_paged_decode_kernel(kernel) -> bool:
+    """`kernel`: a @triton.jit function with the signature of
+    `minillm.attention.triton_decode.paged_decode_kernel`. Launched through the package's
+    `paged_decode` on the cases of this module's CASES (block sizes 1, 3 and 16, GQA groups 1
+    and 3, contexts of several tiles, large scores, 3 splits), each compared with the torch
+    reference's decode (float32, atol 1e-4); for the split case each split's partial
+    (running max, sum) is also compared with the same quantities over that split's tokens."""
+    return judge_paged_decode_kernel(lambda **inputs: collect_decode(kernel, **inputs))

@@ -18,60 +18,28 @@ through a `threading.Barrier`, as gloo sums across processes, and records what i
 The layers are GQA (more query heads than KV heads, two KV heads per rank in the first case, so
 an interleaved shard shows), with every width different from the others (a reduced tensor's width
 says which linear it came from), one with biases on q/k/v (Qwen2), and one at N = 4.
+
+The grader has two halves (`course/collect.py`): `lesson10_ranks.collect_sharding` shards and runs
+the layer on the ranks and records the shards, outputs and all-reduces as data (in the grading
+sandbox, where the learner's function is; the layer drawn from the judge's seed);
+`judge_layer_sharding` judges the record here, against the unsharded layer drawn from the same seed.
 """
 from __future__ import annotations
 
-import copy
 import threading
+from types import SimpleNamespace
 
 import torch
-from torch import nn
 
 from . import lesson10_ranks
+from .collected import is_error, rebuilt
 from .harness import Grader, expect, grader
-from .lesson10_ranks import ranks_of, run_ranks
-
-# (what, ModelConfig fields, n): widths chosen all different (hidden, heads x head_dim, KV heads, MLP)
-CASES = [
-    ("12 query heads, 4 KV heads, 2 ranks", dict(hidden_size=40, intermediate_size=64, num_attention_heads=12,
-                                                 num_key_value_heads=4, head_dim=4), 2),
-    ("Qwen2-style biases on q/k/v, 2 ranks", dict(hidden_size=36, intermediate_size=56, num_attention_heads=6,
-                                                  num_key_value_heads=2, head_dim=8, attention_bias=True,
-                                                  model_type="qwen2"), 2),
-    ("12 query heads, 4 KV heads, 4 ranks", dict(hidden_size=40, intermediate_size=64, num_attention_heads=12,
-                                                 num_key_value_heads=4, head_dim=4), 4),
-]
-TOKENS = 5
+from .lesson10_ranks import CASES, TOKENS, collect_sharding, reference_layer
+from .lesson10_ranks import linear_of as _linear
 
 HELPERS = ("column_shard(linear, start, size) keeps rows start..start+size of the weight [out, in] (and of the "
            "bias); row_shard(linear, start, size) keeps its columns; RowParallelLinear(linear, group) runs the "
            "linear, then group.all_reduce")
-
-
-def reference_layer(fields: dict):
-    """A random decoder layer (seeded), its rotary embedding and a small input."""
-    from ..config import ModelConfig
-    from ..models.llama import DecoderLayer, RotaryEmbedding
-    cfg = ModelConfig(vocab_size=32, num_hidden_layers=1, **fields)
-    gen = torch.Generator().manual_seed(10)
-    layer = DecoderLayer(cfg, 0)
-    with torch.no_grad():
-        for p in layer.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * (0.3 if p.dim() == 2 else 0.1) + (p.dim() == 1))
-            p.requires_grad_(False)
-    x = torch.randn(TOKENS, cfg.hidden_size, generator=gen)
-    cos, sin = RotaryEmbedding(cfg)(torch.arange(TOKENS))
-    return cfg, layer.eval(), x, cos, sin
-
-
-def _linear(module):
-    """The weight and bias a (wrapped) linear computes with: its own, or its first nn.Linear's."""
-    if isinstance(getattr(module, "weight", None), torch.Tensor):
-        return module.weight, getattr(module, "bias", None)
-    for m in module.modules() if isinstance(module, nn.Module) else ():
-        if isinstance(m, nn.Linear):
-            return m.weight, m.bias
-    return None, None
 
 
 def _heads(rows: torch.Tensor, d: int) -> list[int]:
@@ -185,11 +153,19 @@ def _where_from(width: int, cfg, n: int) -> str:
     return f" (the width of this rank's {' / '.join(names)} output)" if names else ""
 
 
-def _check_half(g, what, run, want, groups, cfg, n, row_parallel, hidden) -> None:
-    for grp in groups:
-        grp.reduced.clear()
+def _outcome(out):
+    """A rank's collected output: a tensor, the exception it raised, or what else it returned."""
+    if is_error(out):
+        return rebuilt(out)
+    return out if isinstance(out, torch.Tensor) else SimpleNamespace(kind=str(out.get("returned", "?")))
+
+
+def _check_half(g, what, run, want, cfg, n, row_parallel, hidden) -> None:
     with g.case(f"running the {what} of your sharded layer on {n} ranks"):
-        outs = run_ranks(run, n)
+        if "hung" in run:
+            raise rebuilt(run["hung"])
+    expect(len(run["outs"]) == len(run["reduced"]) == n, f"collected {len(run['outs'])} outputs for {n} ranks")
+    outs = [_outcome(o) for o in run["outs"]]
     for rank, out in enumerate(outs):
         if isinstance(out, threading.BrokenBarrierError):
             raise AssertionError(
@@ -199,8 +175,8 @@ def _check_half(g, what, run, want, groups, cfg, n, row_parallel, hidden) -> Non
         if isinstance(out, BaseException):
             raise AssertionError(f"your sharded layer raised {type(out).__name__} on rank {rank}: {out}\n"
                                  f"    while running the {what} on {n} ranks")
-    for rank, grp in enumerate(groups):
-        widths = [s[-1] for s in grp.reduced]
+    for rank, reduced in enumerate(run["reduced"]):
+        widths = [s[-1] for s in reduced]
         local = [x for x in widths if x != hidden]
         expect(not local,
                f"in the {what}, rank {rank} all-reduced a tensor of width {local[0] if local else 0}"
@@ -218,8 +194,8 @@ def _check_half(g, what, run, want, groups, cfg, n, row_parallel, hidden) -> Non
                                  f"once, right after the row-parallel {row_parallel}")
     for rank, out in enumerate(outs):
         expect(isinstance(out, torch.Tensor) and out.shape == want.shape,
-               f"rank {rank}'s {what} returned {getattr(out, 'shape', type(out).__name__)}, expected a tensor of "
-               f"shape {list(want.shape)}")
+               f"rank {rank}'s {what} returned {getattr(out, 'shape', None) or getattr(out, 'kind', '?')}, expected "
+               f"a tensor of shape {list(want.shape)}")
         err = float((out - want).abs().max())
         expect(torch.allclose(out, want, rtol=1e-4, atol=1e-5),
                f"rank {rank}'s {what} differs from the unsharded layer's by up to {err:.3g}\n    Hint: check the "
@@ -227,49 +203,70 @@ def _check_half(g, what, run, want, groups, cfg, n, row_parallel, hidden) -> Non
                "and that one all-reduce adds the ranks' partial sums")
 
 
-def _check_case(g, fn, what: str, fields: dict, n: int) -> None:
+def _as_layer(view: dict) -> SimpleNamespace:
+    """A collected shard (`lesson10_ranks.shard_view`) with the layer's attribute paths."""
+    parts = {}
+    for part, attrs in view.items():
+        parts[part] = SimpleNamespace(**{k: SimpleNamespace(**v) if isinstance(v, dict) else v
+                                         for k, v in attrs.items()})
+    return SimpleNamespace(**parts)
+
+
+def _check_case(g, data: dict, what: str, fields: dict, n: int, seed: int) -> None:
+    """One case's collected data (`lesson10_ranks.collect_sharding`) against the unsharded layer."""
     from ..attention.no_cache import NoCache
-    cfg, ref, x, cos, sin = reference_layer(fields)
-    groups = ranks_of(n)
-    layers = []
-    for rank in range(n):
-        layer = copy.deepcopy(ref)
+    cfg, ref, x, cos, sin = reference_layer(fields, seed)
+    for rank, called in enumerate(data["calls"]):
         with g.case(f"calling shard_decoder_layer(layer, rank={rank}, n={n}, group) ({what})"):
-            out = fn(layer, rank, n, groups[rank])
-        layers.append(out if isinstance(out, nn.Module) else layer)
-    for rank, layer in enumerate(layers):
-        _check_shards(ref, layer, cfg, rank, n)
+            if called is not None:
+                raise rebuilt(called)
+    if is_error(data["shards"]):
+        raise rebuilt(data["shards"])
+    expect(len(data["calls"]) == len(data["shards"]) == n, f"collected {len(data['shards'])} shards for {n} ranks")
+    for rank, view in enumerate(data["shards"]):
+        _check_shards(ref, _as_layer(view), cfg, rank, n)
     with torch.no_grad():
         h = ref.input_layernorm(x)
         attn_want = ref.self_attn(h, cos, sin, NoCache([TOKENS]))
         mlp_want = ref.mlp(h)
         layer_want = ref(x, cos, sin, NoCache([TOKENS]))
-    hidden = cfg.hidden_size
-    _check_half(g, f"attention half ({what})", lambda r: layers[r].self_attn(h, cos, sin, NoCache([TOKENS])),
-                attn_want, groups, cfg, n, "o_proj", hidden)
-    _check_half(g, f"MLP half ({what})", lambda r: layers[r].mlp(h), mlp_want, groups, cfg, n, "down_proj", hidden)
-    for grp in groups:
-        grp.reduced.clear()
+    hidden, runs = cfg.hidden_size, data["runs"]
+    _check_half(g, f"attention half ({what})", runs[0], attn_want, cfg, n, "o_proj", hidden)
+    _check_half(g, f"MLP half ({what})", runs[1], mlp_want, cfg, n, "down_proj", hidden)
     with g.case(f"running your whole sharded layer on {n} ranks ({what})"):
-        outs = run_ranks(lambda r: layers[r](x, cos, sin, NoCache([TOKENS])), n)
-    for rank, out in enumerate(outs):
+        if "hung" in runs[2]:
+            raise rebuilt(runs[2]["hung"])
+    expect(len(runs[2]["outs"]) == len(runs[2]["reduced"]) == n,
+           f"collected {len(runs[2]['outs'])} outputs for {n} ranks")
+    for rank, (out, reduced) in enumerate(zip(map(_outcome, runs[2]["outs"]), runs[2]["reduced"])):
         if isinstance(out, BaseException):
             raise AssertionError(f"your sharded layer raised {type(out).__name__} on rank {rank}: {out}\n"
                                  f"    while running the whole layer on {n} ranks ({what})")
-        expect(len(groups[rank].reduced) == 2, f"the whole layer did {len(groups[rank].reduced)} all-reduces on "
-                                               f"rank {rank}, expected 2 (one per half)")
+        expect(len(reduced) == 2, f"the whole layer did {len(reduced)} all-reduces on rank {rank}, expected 2 "
+                                  "(one per half)")
+        expect(isinstance(out, torch.Tensor) and out.shape == layer_want.shape,
+               f"rank {rank}'s whole layer returned {getattr(out, 'shape', None) or getattr(out, 'kind', '?')}, "
+               f"expected a tensor of shape {list(layer_want.shape)}")
         expect(torch.allclose(out, layer_want, rtol=1e-4, atol=1e-5),
                f"rank {rank}'s output of the whole layer differs from the unsharded layer's by up to "
                f"{float((out - layer_want).abs().max()):.3g} ({what}), although each half matched\n    Hint: shard "
                "only the linears and the head counts; the norms and residuals run in full on every rank")
 
 
+def judge_layer_sharding(collect, seed: int = 10) -> bool:
+    """The judge half (`course/collect.py`): collect(case=i, seed=...) is what the learner's
+    function did on case i (`lesson10_ranks.collect_sharding`, in the grading sandbox or here),
+    compared here with the unsharded layer drawn from the same seed."""
+    g = Grader("check_layer_sharding", "your shard_decoder_layer")
+    for i, (what, fields, n) in enumerate(CASES):
+        _check_case(g, collect(case=i, seed=seed + i), what, fields, n, seed + i)
+    return g.passed()
+
+
 @grader
 def check_layer_sharding(fn) -> bool:
     """fn(layer, rank, n, group) turns a DecoderLayer into rank's shard in place, like
-    `minillm.distributed.sharding.shard_decoder_layer`; checked on N ranks run as threads."""
-    g = Grader("check_layer_sharding", "your shard_decoder_layer")
+    `minillm.distributed.sharding.shard_decoder_layer`; checked on N ranks run as threads (the
+    collect half, `lesson10_ranks.collect_sharding`), judged by `judge_layer_sharding`."""
     expect(callable(fn), f"check_layer_sharding takes your function shard_decoder_layer, got {fn!r}")
-    for what, fields, n in CASES:
-        _check_case(g, fn, what, fields, n)
-    return g.passed()
+    return judge_layer_sharding(lambda **inputs: collect_sharding(fn, **inputs))
