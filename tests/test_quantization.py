@@ -83,6 +83,32 @@ def test_float32_kernels_match_dequantize_then_linear(method, group_size, shape,
     assert layer(x[None]).shape == (1, rows, shape[0])                  # leading dims kept
 
 
+@pytest.mark.parametrize("method,group_size", [("int8", None), ("int4", 32)])
+@pytest.mark.parametrize("shape", [(96, 77), (2048, 576)])    # 3 panels (a pair and one alone), K odd
+def test_a_row_gives_the_same_bits_whatever_shares_its_call(method, group_size, shape):
+    """Batch invariance (w4a8.py's docstring says why the engine needs it): the kernels' tiles of
+    1, 2 and 4 rows, over one or two panels at once, sum in one order, so row i of an M-row call
+    is the 1-row call's result bit for bit, for every M up to MAX_ROWS and any thread count."""
+    if kernels.load_kernels() is None:
+        pytest.skip(f"no C compiler: {kernels.load_error}")
+    torch.manual_seed(0)
+    options = {} if group_size is None else {"group_size": group_size}
+    layer = LINEAR_BACKENDS[method].from_linear(nn.Linear(shape[1], shape[0], bias=False), **options)
+    assert layer.use_c_kernel
+    x = torch.randn(kernels.MAX_ROWS, shape[1])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = torch.cat([layer(x[i:i + 1]) for i in range(kernels.MAX_ROWS)])
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            for m in (1, 2, 3, 4, 5, 6, 7, 8, 13, kernels.MAX_ROWS):
+                assert torch.equal(layer(x[:m]), alone[:m]), f"{m} rows, {count} threads"
+    finally:
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(alone, F.linear(x, layer.dequantized_weight()), rtol=1e-5, atol=2e-5 * shape[1] ** 0.5)
+
+
 def test_the_c_kernels_are_the_ones_running_at_decode():
     if kernels.load_kernels() is None:
         pytest.skip(f"no C compiler: {kernels.load_error}")

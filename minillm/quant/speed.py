@@ -36,6 +36,10 @@ the ratios mean anything; re-measure on a quiet machine):
   - the dequantize-then-F.linear reference (int8-ref, int4-ref) is 2-10x slower than float32 at
     every size: it reads the int weights AND writes and reads a float copy each call.
 
+Old against new in one run (`--against OLD.c --shape llama-3.2-1b [--head-only]`, ab.py): an
+older copy of a kernel's C file and the current one on the same random weights, in alternation;
+the ratio is what holds on a loaded machine (quantized_linear.c's header has int8's figures).
+
 Per-call cost of the C kernels (`--per-call`): each op at batch 1 on a tiny call (linear 64 ->
 32, attention over 4 tokens: the call's overhead, not its arithmetic) and on SmolLM2's shapes
 (the 576 x 576 q projection; attention: 9 heads over 3 KV heads of 64, 128 cached tokens),
@@ -219,11 +223,19 @@ def main(argv=None) -> None:
     p.add_argument("--methods", nargs="*", default=list(METHODS), choices=list(METHODS))
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--per-call", action="store_true", help="only the C kernels' per-call cost, ctypes vs C++ op")
+    p.add_argument("--against", metavar="OLD.c", help="A/B in one run: an older quantized_linear.c (int8) or "
+                   "w4a8_linear.c against the current file, on random weights of --shape (ab.py)")
+    p.add_argument("--shape", default="smollm2-135m", help="with --against: a preset of models/shapes.py")
+    p.add_argument("--rows", type=int, nargs="*", default=[1, 8], help="with --against: rows per call")
+    p.add_argument("--head-only", action="store_true", help="with --against (int8): only the output head")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.per_call:
         return print_per_call()
+    if args.against:
+        from .ab import print_comparison
+        return print_comparison(args.against, args.shape, args.rows, args.repeats, args.head_only)
     results = measure(args.methods, repeats=args.repeats)
     print(f"ms per step, {NUM_LAYERS} layers | output head ({torch.get_num_threads()} threads)")
     print(f"{'method':<10}" + "".join(f"{f'{m} rows':>22}" for m in ROWS))
