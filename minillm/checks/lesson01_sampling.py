@@ -12,7 +12,6 @@ from ..sample import sampler as ref_sampling
 from ..sampling_params import SamplingParams
 from .harness import Grader, expect, expect_tensor, expect_unchanged, fmt, grader, references_standing_in
 
-
 NEG_INF = float("-inf")
 
 
@@ -183,6 +182,7 @@ def check_top_p(fn) -> bool:
 
 _DRAWS = 2000
 _FREQ_TOL = 0.06    # > 5 standard errors of a frequency over 2000 draws: never a false alarm
+STANDING_IN = {"apply_top_k": "check_top_k", "apply_top_p": "check_top_p"}   # names sample calls (outside_help.py)
 
 
 def _target_probs(row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
@@ -202,7 +202,7 @@ def check_sampler(fn) -> bool:
     with any other rows. The reference top-k and top-p stand in for the notebook's own while it
     runs (each of those has its own check), so only a mistake in `sample` fails this check.
     """
-    with references_standing_in(fn, {"apply_top_k": "check_top_k", "apply_top_p": "check_top_p"}):
+    with references_standing_in(fn, STANDING_IN):
         return _check_sampler(fn)
 
 

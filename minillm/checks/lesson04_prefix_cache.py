@@ -54,19 +54,26 @@ def _uses_builtin_hash(fn) -> bool:
 def _hashes_in_a_fresh_process(fn):
     """The hashes of `_CHAINS` computed by fn's source in a new Python whose PYTHONHASHSEED
     differs from this one's; None when fn cannot run there alone (it needs the notebook's
-    other globals), so nothing can be concluded."""
+    other globals), so nothing can be concluded. Graded from outside the sandbox, that Python
+    is a sandbox of its own (`fn.fresh_python`, course/outside_help.py), never the grader's."""
     try:
         source = textwrap.dedent(inspect.getsource(fn))
     except (OSError, TypeError):
         return None
+    python = getattr(fn, "fresh_python", None) or _fresh_python
+    return python(_FRESH.format(name=fn.__name__, chains=_CHAINS), source)
+
+
+def _fresh_python(script: str, source: str) -> str | None:
     seed = "1" if os.environ.get("PYTHONHASHSEED") != "1" else "2"
     env = dict(os.environ, PYTHONHASHSEED=seed)
     try:
-        out = subprocess.run([sys.executable, "-c", _FRESH.format(name=fn.__name__, chains=_CHAINS)],
-                             input=source, env=env, capture_output=True, text=True, timeout=60)
+        out = subprocess.run([sys.executable, "-c", script], input=source, env=env, capture_output=True,
+                             text=True, timeout=60)
     except subprocess.TimeoutExpired:
         return None
     return out.stdout.strip() if out.returncode == 0 else None
+
 
 @grader
 def check_block_hash(fn) -> bool:

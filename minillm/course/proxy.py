@@ -14,7 +14,7 @@ waits for its own reply.
 """
 from __future__ import annotations
 
-import dataclasses
+import itertools
 import threading
 from collections import deque
 
@@ -24,10 +24,6 @@ CONTAINER_DUNDERS = frozenset({"__len__", "__getitem__", "__setitem__", "__delit
 EXCEPTIONS = {e.__name__: e for e in (AssertionError, ValueError, TypeError, IndexError, KeyError, RuntimeError,
                                       NotImplementedError, ZeroDivisionError, AttributeError, ArithmeticError,
                                       OverflowError, LookupError, StopIteration, RecursionError, MemoryError)}
-
-
-# plain dataclasses a call may fill in (lesson 06's `_preempt(seq, out)` lists seq in out.preempted)
-WRITTEN_BACK = frozenset({"SchedulerOutput"})
 
 
 class ChannelGone(RuntimeError):
@@ -46,6 +42,7 @@ class Peer:
         self.lock = threading.RLock()
         self.by_id: dict[int, object] = {}
         self.ids: dict[int, int] = {}
+        self.numbers = itertools.count()
         self.proxies: dict[int, Proxy] = {}
         self.raised: dict[int, tuple[BaseException, int]] = {}   # id -> (exception made here, the other's handle)
 
@@ -57,17 +54,30 @@ class Peer:
             return {"$": "yours", "id": self.raised[id(obj)][1]}
         key = id(obj)
         if key not in self.ids:
-            self.ids[key] = len(self.by_id)
+            self.ids[key] = next(self.numbers)
             self.by_id[self.ids[key]] = obj
         return {"$": "mine", "id": self.ids[key], "kind": type(obj).__name__[:80]}
+
+    def forget(self, obj) -> None:
+        """The other side's handle to `obj` no longer works (a reference the judge handed in for
+        one check only: kept and called later, it is refused)."""
+        n = self.ids.pop(id(obj), None)
+        if n is not None:
+            self.by_id.pop(n, None)
 
     def deref(self, data: dict):
         n = int(data["id"])
         if data["$"] == "yours":
-            return self.by_id[n]
+            return self._own(n)
         if n not in self.proxies:                      # one proxy per object: `is`, `in` and hashing work
             self.proxies[n] = Proxy(self, n, str(data.get("kind", "")))
         return self.proxies[n]
+
+    def _own(self, n: int):
+        if n not in self.by_id:
+            raise LookupError("that object is no longer reachable across the sandbox (it was handed in for "
+                              "an earlier check only)")
+        return self.by_id[n]
 
     def encode(self, value, blobs: list[bytes]):
         return wire.encode(value, blobs, self.ref)
@@ -121,7 +131,7 @@ class Peer:
             if self.extra is None:
                 raise ValueError(f"unknown request {op!r}")
             return self.extra(request)
-        target = self.by_id[int(request["target"])]
+        target = self._own(int(request["target"]))
         name = request.get("name") or request.get("method")
         if isinstance(name, str) and name.startswith("__") and name not in CONTAINER_DUNDERS:
             raise AttributeError(f"{name} is not reachable across the sandbox")
@@ -145,51 +155,14 @@ class Peer:
             kwargs = self.decode(request["kwargs"], blobs)
             method = request.get("method")
             result = (getattr(target, method) if method else target)(*args, **kwargs)
-            return {"result": result, "args": [_mutable(a) for a in args],
-                    "kwargs": {k: _mutable(v) for k, v in kwargs.items()}}
+            return {"result": result, "args": [wire.mutable(a) for a in args],
+                    "kwargs": {k: wire.mutable(v) for k, v in kwargs.items()}}
         raise ValueError(f"unknown request {op!r}")
 
 
 class _Shared:
     def __init__(self, data: dict):
         self.data = data
-
-
-def _mutable(value):
-    """An argument as sent back (what the call may have changed in it), else None."""
-    import torch
-    if type(value).__name__ in WRITTEN_BACK and dataclasses.is_dataclass(value):
-        return value
-    return value if isinstance(value, (list, dict, torch.Tensor, torch.Generator, bytearray)) else None
-
-
-def write_back(mine, theirs) -> None:
-    """What the other side's code did to its arguments, done to ours too."""
-    import torch
-    if theirs is None:
-        return
-    if isinstance(mine, list) and isinstance(theirs, list):
-        for a, b in zip(mine, theirs):
-            write_back(a, b)
-        if [type(x) for x in mine] != [type(x) for x in theirs] or not all(
-                isinstance(x, (torch.Tensor, torch.Generator, list, dict)) for x in mine):
-            mine[:] = theirs
-    elif isinstance(mine, dict) and isinstance(theirs, dict):
-        for k in mine:
-            if k in theirs:
-                write_back(mine[k], theirs[k])
-    elif isinstance(mine, torch.Tensor) and isinstance(theirs, torch.Tensor):
-        if mine.shape == theirs.shape and mine.dtype == theirs.dtype:
-            mine.copy_(theirs)
-    elif isinstance(mine, torch.Generator) and isinstance(theirs, torch.Generator):
-        mine.set_state(theirs.get_state())
-    elif type(mine) is type(theirs) and type(mine).__name__ in WRITTEN_BACK:
-        for f in dataclasses.fields(mine):
-            ours, got = getattr(mine, f.name), getattr(theirs, f.name)
-            if isinstance(ours, list) and isinstance(got, list):
-                ours[:] = got
-            else:
-                setattr(mine, f.name, got)
 
 
 class Proxy:
@@ -222,8 +195,8 @@ class Proxy:
         blobs: list[bytes] = []
         reply = self._ask({"op": "call", "method": method, "args": peer.encode(list(args), blobs),
                            "kwargs": peer.encode(dict(kwargs), blobs)}, blobs)
-        write_back(list(args), reply["args"])
-        write_back(dict(kwargs), reply["kwargs"])
+        wire.write_back(list(args), reply["args"])
+        wire.write_back(dict(kwargs), reply["kwargs"])
         return reply["result"]
 
     def __call__(self, *args, **kwargs):
