@@ -9,16 +9,23 @@ A restart can fail too (memory is short, a GPU is gone): it is tried `attempts` 
 `backoff`, 2 x backoff, ... seconds between tries, then RestartFailed: the server exits non-zero
 and the orchestrator starts it afresh. An engine whose runner cannot restart (one process,
 tensor_parallel_size 1) has nothing to restart: its failures are bugs, not lost processes.
+
+A group across machines (nnodes > 1) is not restarted in place either: the other nodes' processes
+are not ours to start. The head stays up and says why (`lost_group`: the nodes named, what the
+operator does next) on /health and to every new request, until the operator restarts the group.
 """
 from __future__ import annotations
 
 import logging
+import re
 import time
 
 log = logging.getLogger("minillm.server")
 
 RESTART_ATTEMPTS = 3
 RESTART_BACKOFF_S = 1.0
+OPERATOR_ACTION = ("restart the group: stop this server and start every node's command again, node 0's included "
+                   "(the group is never restarted in place; README: multi-node, faults)")
 
 
 class RestartFailed(RuntimeError):
@@ -60,3 +67,14 @@ def restart_runner(engine, attempts: int = RESTART_ATTEMPTS, backoff: float = RE
             error = e
             log.error("restarting the tensor-parallel group failed (attempt %d of %d): %s", attempt, attempts, e)
     raise RestartFailed(f"the tensor-parallel group could not be started again after {attempts} attempts: {error}")
+
+
+def lost_group(engine, reason: str) -> dict | None:
+    """A multi-node group failed (module doc): what /health adds to its 503, the nodes its reason
+    names ('node 1 stopped answering: ...', 'rank 2 (stage 1, node 1 at 10.0.0.2) failed: ...')
+    and the operator's next step. None for a group on one machine."""
+    if getattr(engine.config, "nnodes", 1) <= 1:
+        return None
+    named = re.search(r"\bnodes? (\d+(?:, \d+)*)", reason)
+    nodes = sorted({int(n) for n in named.group(1).split(", ")}) if named else []
+    return {"failed_nodes": nodes, "action": OPERATOR_ACTION}

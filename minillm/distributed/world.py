@@ -4,10 +4,11 @@
     rank 1 + s*T + t   stage s's tensor-parallel rank t (T = tensor_parallel_size)
 
 Rendezvous is torch.distributed's TCPStore at --dist-init-addr, served by the driver (bound to
-that address only: we hand it the listening socket). Before anyone builds a process group, each
-rank proves it knows the group's token (an HMAC of a fresh nonce, never the token itself) and so
-does the driver: a stranger who reaches the port cannot join, and a rank cannot be lured into a
-stranger's group. The groups are torch.distributed's own ProcessGroupGloo / ProcessGroupNCCL,
+that address only: we hand it the listening socket); under torchrun, the store its agent on node
+0 already serves at MASTER_ADDR:MASTER_PORT (what torch's own env:// does there). Before anyone
+builds a process group, each rank proves it knows the group's token (an HMAC of a fresh nonce,
+never the token itself) and so does the driver: a stranger who reaches the port cannot join, and
+a rank cannot be lured into a stranger's group. The groups are torch.distributed's own ProcessGroupGloo / ProcessGroupNCCL,
 built directly on the store with this node's address (gloo binds only there):
     control   every rank, gloo: plans (wire.py), the setup and weights, the logits back
     tp        a stage's T ranks: the all-reduces of tensor parallelism (NCCL on CUDA)
@@ -101,8 +102,23 @@ def _proof(token: str, nonce: str, who: str) -> str:
     return hmac.new(token.encode(), f"{nonce}/{who}".encode(), hashlib.sha256).hexdigest()
 
 
+def agent_store(host: str, port: int, timeout_s: float):
+    """Under torchrun, its agent on node 0 serves a TCPStore at MASTER_ADDR:MASTER_PORT for the
+    whole run (TORCHELASTIC_USE_AGENT_STORE): every process of ours joins it as a client, our keys
+    under a prefix of this attempt (torch's env:// rendezvous does the same). None elsewhere."""
+    env = os.environ
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or \
+            (host, str(port)) != (env.get("MASTER_ADDR", "").strip("[]"), env.get("MASTER_PORT")):
+        return None
+    client = TCPStore(host, port, None, False, timedelta(seconds=timeout_s))
+    return PrefixStore(f"/minillm/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", client)
+
+
 def host_store(host: str, port: int, timeout_s: float) -> TCPStore:
-    """The driver's TCPStore, listening on host:port only."""
+    """The driver's TCPStore, listening on host:port only (torchrun's agent's, if it serves one)."""
+    shared = agent_store(host, port, timeout_s)
+    if shared is not None:
+        return shared
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
@@ -112,6 +128,9 @@ def host_store(host: str, port: int, timeout_s: float) -> TCPStore:
 
 
 def join_store(host: str, port: int, timeout_s: float) -> TCPStore:
+    shared = agent_store(host, port, timeout_s)
+    if shared is not None:
+        return shared
     return TCPStore(host, port, None, False, timedelta(seconds=timeout_s))
 
 

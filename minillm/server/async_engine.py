@@ -20,7 +20,7 @@ tensor-parallel rank that died, seen within WATCH_INTERVAL_S even while idle, en
 in flight with the error, and the group is started again (distributed/recovery.py); meanwhile
 `failure` says why the engine cannot serve and new requests get a 503 with Retry-After. If it
 cannot be started again, or the loop itself dies, `on_fatal` is called: the server exits
-non-zero, so that an orchestrator starts a new one.
+non-zero, so that an orchestrator starts a new one (a multi-node group's head stays up: `lost`).
 """
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ import logging
 import queue
 import threading
 
-from ..distributed.recovery import (RESTART_ATTEMPTS, RESTART_BACKOFF_S, RestartFailed, can_restart, restart_runner,
-                                    runner_failure)
+from ..distributed.recovery import (RESTART_ATTEMPTS, RESTART_BACKOFF_S, RestartFailed, can_restart, lost_group,
+                                    restart_runner, runner_failure)
 from .errors import APIError
 from .limits import default_max_waiting_requests
 
@@ -117,6 +117,7 @@ class AsyncEngine:
         self._running = False
         self.failure: str | None = None           # why the engine cannot serve now (None: it can)
         self.fatal = False                        # ... and never will again: the server exits
+        self.lost: dict | None = None             # ... a multi-node group's failed nodes and the next step
         self.restarts = 0                         # tensor-parallel groups started again
         self.on_fatal = None                      # called once (loop thread) when fatal: run.py stops the server
 
@@ -202,8 +203,9 @@ class AsyncEngine:
         failure = runner_failure(self.engine)
         if failure is None:
             return
-        if not can_restart(self.engine):
-            return self._give_up(failure)
+        lost = lost_group(self.engine, failure)          # across nodes: the head stays up (recovery.py)
+        if lost or not can_restart(self.engine):
+            return self._give_up(failure, lost=lost)
         log.error("the engine cannot serve: %s; starting the tensor-parallel group again", failure)
         self.failure = f"the tensor-parallel group is restarting after: {failure}"
         self._fail_all(APIError(503, f"the engine failed: {failure}", code="engine_restarting"))
@@ -216,18 +218,19 @@ class AsyncEngine:
         self._take_snapshot()
         log.warning("the tensor-parallel group serves again (restart %d, %d attempt(s))", self.restarts, attempts)
 
-    def _give_up(self, reason: str, traceback: bool = False) -> None:
+    def _give_up(self, reason: str, traceback: bool = False, lost: dict | None = None) -> None:
         """The engine can never serve again: say why once, loudly, end every request, and let
-        the server exit non-zero (on_fatal) rather than answer every request with an error."""
+        the server exit non-zero (on_fatal) rather than answer every request with an error; or,
+        given `lost` (a multi-node group failed), stay up answering why, for the operator."""
         if self.fatal:
             return
-        self.failure, self.fatal, self._running = reason, True, False
-        log.error("the engine cannot serve and cannot be restarted: %s; the server stops (exit code 1)", reason,
-                  exc_info=traceback)
+        self.failure, self.fatal, self._running, self.lost = reason, True, lost is not None, lost
+        log.error("the engine cannot serve and cannot be restarted: %s; %s", reason,
+                  lost["action"] if lost else "the server stops (exit code 1)", exc_info=traceback)
         try:
             self._fail_all(APIError(503, f"the engine stopped: {reason}", code="engine_dead"))
         finally:
-            if self.on_fatal is not None:
+            if self.on_fatal is not None and lost is None:
                 self.on_fatal(reason)
 
     def _fail_all(self, error: Exception) -> None:

@@ -22,7 +22,7 @@ from .chat_setup import add_chat_arguments
 from .guards import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES
 from .lora_models import parse_lora_modules
 from .run import Timeouts
-from ..distributed.launch import add_node_addr, headless
+from ..distributed.launch import add_node_addr, from_env, headless
 
 __all__ = ["add_arguments", "engine_options", "main"]      # engine_options: engine_args's, for callers
 
@@ -72,6 +72,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args) -> int:
+    from_env(args)                                            # torchrun / env:// variables: distributed/launch.py
     if (args.node_rank or 0) > 0:                             # a headless node of a multi-node group
         return headless(args.tensor_parallel_size or 1, args.pipeline_parallel_size or 1, args.nnodes or 1,
                         args.node_rank, args.dist_init_addr, args.node_addr)

@@ -3,10 +3,12 @@
     GET /health   readiness, vLLM's endpoint: 200 {"status": "ok"} only while the engine can serve
                   a request now; else 503 with the reason in OpenAI's error shape (a tensor-parallel
                   rank died and the group is restarting: with Retry-After; the engine stopped for
-                  good). A load balancer (or the data-parallel front) routes by it.
+                  good; a multi-node group that lost a node: code "group_failed", with "failed_nodes"
+                  and the operator's "action"). A load balancer (or the data-parallel front) routes by it.
     GET /live     liveness: 200 while the server works or heals itself (a restart in progress is
                   alive); 503 once the engine can never serve again. The process then exits
-                  non-zero by itself (async_engine.py); a liveness probe catches the moment between.
+                  non-zero by itself (async_engine.py); a liveness probe catches the moment between
+                  (a multi-node group's head stays up, saying why, until its operator restarts it).
 
 A restart counts as alive but not ready, so a Kubernetes liveness probe does not kill a server
 that is healing, while its readiness probe takes it out of the Service meanwhile.
@@ -17,9 +19,10 @@ from __future__ import annotations
 import logging
 
 from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 
 from .async_engine import RETRY_AFTER_S, AsyncEngine
-from .errors import error_response
+from .errors import error_body, error_response
 from .openapi import errors
 from .responses import Health
 
@@ -32,6 +35,10 @@ def install_health_routes(app: FastAPI, front: AsyncEngine) -> None:
         why = front.unavailable()
         if why is None:
             return Health()
+        if getattr(front, "lost", None):      # a multi-node group lost a node: which, and what to do next
+            body = error_body(503, why, code="group_failed")
+            body["error"].update(front.lost)
+            return JSONResponse(body, status_code=503)
         retry = None if front.fatal or not front.is_alive else {"Retry-After": str(RETRY_AFTER_S)}
         return error_response(503, why, code="engine_dead" if retry is None else "engine_restarting", headers=retry)
 
