@@ -125,6 +125,7 @@ def test_two_nodes_serve_one_process_tokens_and_a_killed_node_leaves_the_head_sa
         assert health.status_code == 503 and error["code"] == "group_failed", error
         assert 1 in error["failed_nodes"] and "node 1" in error["message"], error
         assert error["action"].startswith("restart the group") and "every node" in error["action"]
+        assert httpx.get(f"{url}/live", timeout=10).status_code == 503       # it can never serve again
         with pytest.raises(openai.APIStatusError, match="node 1") as refused:
             client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=CHATS[0], max_tokens=4)
         assert refused.value.status_code == 503
