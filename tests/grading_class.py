@@ -12,11 +12,15 @@ Submissions are cut to what grading needs (each kernel start and each check cost
 `trim` keeps the badge, setup cell, imports, exercises and checks; `lean` then keeps, of the
 imports cell, only what the kept cells use (no model load, no `matplotlib` or `openai` import
 where nothing kept needs them); `planted_submission` keeps, of the other exercises' check cells,
-those whose check can reach the planted exercise's code (`checks_seeing`).
+those whose check can reach the planted exercise's code (`checks_seeing`). Mistakes of one lesson
+that no check can see together (disjoint `checks_seeing` sets) are handed in in one notebook
+(`planted_students`): each kept check then sees one mistake at most, as beside that mistake
+alone, and the class has fewer notebooks to run.
 """
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import re
 import symtable
@@ -174,14 +178,17 @@ PLANTED = {
 }
 
 
-def planted(exercise: str):
-    """The honest student of the exercise's lesson with the exercise's planted mistake."""
-    number, old, new, _ = PLANTED[exercise]
+def planted(*exercises: str):
+    """The honest student of the exercises' lesson with each exercise's planted mistake."""
+    number = PLANTED[exercises[0]][0]
     nb = honest(number)
-    cells = [c for c in nb.cells if c.get("id") in stubbed_cells(number) and old in c.source]
-    assert len(cells) == 1 and cells[0].source.count(old) == 1, \
-        f"{exercise}: the planted mistake's text is not once in one exercise cell of lesson {number}: {old!r}"
-    cells[0].source = cells[0].source.replace(old, new)
+    for exercise in exercises:
+        lesson_of, old, new, _ = PLANTED[exercise]
+        assert lesson_of == number, f"{exercises}: planted mistakes of different lessons"
+        cells = [c for c in nb.cells if c.get("id") in stubbed_cells(number) and old in c.source]
+        assert len(cells) == 1 and cells[0].source.count(old) == 1, \
+            f"{exercise}: the planted mistake's text is not once in one exercise cell of lesson {number}: {old!r}"
+        cells[0].source = cells[0].source.replace(old, new)
     return nb
 
 
@@ -244,7 +251,8 @@ def lean(nb):
     return nb
 
 
-def checks_seeing(exercise: str) -> set[str]:
+@functools.lru_cache(maxsize=None)
+def checks_seeing(exercise: str) -> frozenset[str]:
     """The exercises whose check can reach `exercise`'s code: its own, and those whose cells (the
     exercise cells and the check cell) use a name its cells define, transitively (lesson 01's
     generate_naive calls sample, which calls apply_top_k). Any other check gets only objects that
@@ -268,14 +276,38 @@ def checks_seeing(exercise: str) -> set[str]:
             if e not in seeing and uses[e] & reached:
                 seeing.add(e)
                 todo.append(e)
-    return seeing
+    return frozenset(seeing)
 
 
-def planted_submission(exercise: str):
-    """The notebook the planted-bug student hands in: `planted(exercise)` trimmed and lean, with
+def planted_submission(*exercises: str):
+    """The notebook a planted-bug student hands in: `planted(*exercises)` trimmed and lean, with
     the check cells of the exercises that cannot see the planted code deleted (a check of code the
     bug cannot reach would only cost seconds: they are reported "check cell missing")."""
-    number, seeing = PLANTED[exercise][0], checks_seeing(exercise)
-    nb = trim(planted(exercise), number)
+    number, seeing = PLANTED[exercises[0]][0], set().union(*map(checks_seeing, exercises))
+    nb = trim(planted(*exercises), number)
     nb.cells = [c for c in nb.cells if not exercise_of(c) or exercise_of(c) in seeing]
     return lean(nb)
+
+
+@functools.lru_cache(maxsize=None)
+def planted_students() -> dict[str, tuple[str, ...]]:
+    """student -> the planted mistakes of their notebook: in each lesson, every mistake joins the
+    first notebook whose mistakes no check sees together with it (`checks_seeing` sets disjoint,
+    so each kept check cell can reach one mistake at most and decides as it would beside that
+    mistake alone), else starts one; the student is named after them (`bug_sampler`,
+    `bug_int8_quantizer+int4_quantizer`). Every mistake is still planted, each check still graded."""
+    groups: list[list[str]] = []
+    for exercise, (number, *_) in PLANTED.items():
+        seeing = checks_seeing(exercise)
+        group = next((g for g in groups if PLANTED[g[0]][0] == number
+                      and not any(seeing & checks_seeing(e) for e in g)), None)
+        if group is None:
+            groups.append([exercise])
+        else:
+            group.append(exercise)
+    return {"bug_" + "+".join(g): tuple(g) for g in groups}
+
+
+def planted_student(exercise: str) -> str:
+    """The student whose notebook holds `exercise`'s planted mistake."""
+    return next(s for s, exercises in planted_students().items() if exercise in exercises)

@@ -2,10 +2,10 @@
 an honest student of every lesson, 00 to 12 (the reference solutions typed into the stubs of
 lessons/: every exercise passes, so no lesson is unpassable and no rule against cheating fires
 on an honest answer), one with the stubs of 00, 03 and 04 (all fail), one planted mistake per
-exercise of the course, each in a notebook of its own (exactly that exercise fails, with its
-hint), a deleted and an edited check cell, hidden checks (--extra-checks), cheats (each attack gets 0 for the attacked exercise, with
-a message naming it: the six attacks of issue 19 on lesson 00, and again over lessons 01, 03,
-04, 05, 06 and 08, several attacks per notebook where a lesson has several exercises, plus
+exercise of the course (exactly that exercise fails, with its hint; mistakes of one lesson that
+no check can see together share a notebook), a deleted and an edited check cell, hidden checks
+(--extra-checks), cheats (each attack gets 0 for the attacked exercise, with a message naming
+it: the six attacks of issue 19 on lesson 00, and again over lessons 01, 03, 04, 05, 06 and 08, several attacks per notebook where a lesson has several exercises, plus
 exercises that merely call the package's answer), and, in the flat `student__NN_name.ipynb`
 layout beside those folders, a notebook whose imports fail and one that is not a notebook; in a
 second run with a short timeout, a notebook that hangs. `python -m minillm.course self-check` on notebooks of the class
@@ -17,8 +17,10 @@ would; the full lessons run in the notebook tests. Only the reference student ke
 imports cell, model load included; every other student's keeps only what its cells use
 (grading_class.lean), and a planted-bug student keeps only the check cells that can reach its
 bug (grading_class.planted_submission: the others would cost seconds and prove nothing about
-that bug). The three hooks of issue 19 that the static scan reports as tampering share one
-notebook (each must be named in its message). The class is graded once per test
+that bug), and mistakes whose checks are apart (lesson 09's two quantizers) share a notebook
+(grading_class.planted_students: each kept check still sees one mistake at most). The three
+hooks of issue 19 that the static scan reports as tampering share one notebook (each must be
+named in its message). The class is graded once per test
 session, also under xdist (the first worker grades, the others read its result).
 """
 import ast
@@ -31,7 +33,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from grading_class import EXERCISES, LESSONS, PLANTED, REPO, checks_seeing, honest, lean, planted_submission, trim
+from grading_class import (EXERCISES, LESSONS, PLANTED, REPO, checks_seeing, honest, lean, planted_student,
+                           planted_students, planted_submission, trim)
 from grading_class import lesson as lesson_notebook
 from minillm.course.build import make_lesson, read, strip_markers
 from minillm.course.grade import Record, table
@@ -216,8 +219,8 @@ def grade_class(tmp_path_factory, out: Path):
         write(notebook(lesson, stubs=False, loads_the_model=True), folder / "reference" / name)
         if lesson in STUBBED:
             write(lean(notebook(lesson, stubs=True)), folder / "stubs" / name)
-    for exercise, (lesson, _, _, _) in PLANTED.items():
-        write(planted_submission(exercise), folder / f"bug_{exercise}" / LESSONS[lesson])
+    for student, exercises in planted_students().items():
+        write(planted_submission(*exercises), folder / student / LESSONS[PLANTED[exercises[0]][0]])
     deleted = notebook("03", stubs=False)
     deleted.cells = [c for c in deleted.cells if c.get("id") != "check-slot_mapping"]
     write(lean(deleted), folder / "tamper" / LESSONS["03"])
@@ -266,16 +269,20 @@ def test_stubs_fail_everything_with_not_implemented(graded):
 def test_one_planted_bug_fails_exactly_its_exercise(graded, exercise):
     """Of the checks that can reach the planted code (its own, and those of exercises whose cells
     use what it defines: grading_class.checks_seeing), exactly its own fails, with its hint; the
-    submission holds no other check cell (each reported missing)."""
+    submission holds no other check cell (each reported missing) but those of the other mistakes
+    its notebook holds (grading_class.planted_students: mistakes no check sees together), which
+    their own case of this test decides."""
     _, records = graded
     lesson, _, _, hint = PLANTED[exercise]
-    student, seeing = f"bug_{exercise}", checks_seeing(exercise)
+    student, seeing = planted_student(exercise), checks_seeing(exercise)
+    others = set().union(*(checks_seeing(e) for e in planted_students()[student] if e != exercise))
+    assert not seeing & others, (exercise, student)
     mine = {k[2]: r for k, r in records.items() if k[:2] == (student, lesson) and "extra" not in k[2]}
     assert set(mine) == set(EXERCISES[lesson]), mine
     failed = [e for e, r in mine.items() if e in seeing and not r["passed"]]
     assert failed == [exercise], mine
     assert hint in mine[exercise]["message"], mine[exercise]
-    assert all(r["message"].startswith("check cell missing") for e, r in mine.items() if e not in seeing), mine
+    assert all(r["message"].startswith("check cell missing") for e, r in mine.items() if e not in seeing | others), mine
 
 
 def test_deleted_or_edited_check_cell_fails_that_exercise(graded):
@@ -314,7 +321,7 @@ def test_csv_and_table(graded, tmp_path):
     rows = list(csv.DictReader(open(OUT[0] / "grades.csv", encoding="utf-8")))
     assert len(rows) == len(records) and set(rows[0]) == {"student", "lesson", "exercise", "passed", "message"}
     assert {(r["student"], r["lesson"], r["exercise"], r["passed"]) for r in rows} >= {
-        ("reference", "04", "block_hash", "True"), ("bug_slot_mapping", "03", "slot_mapping", "False")}
+        ("reference", "04", "block_hash", "True"), (planted_student("slot_mapping"), "03", "slot_mapping", "False")}
 
 
 def self_check(notebook: Path, tmp_path: Path):
@@ -336,13 +343,14 @@ def test_self_check_gives_the_graders_verdicts(graded, tmp_path):
     assert run.returncode == 0 and re.search(r"^rope +passed$", run.stdout, re.M), run.stdout
     assert "1/1 exercises pass" in run.stdout
     assert {e: r["passed"] for e, r in mine.items()} == {"rope": True}
-    run, mine = self_check(OUT[0] / "class" / "bug_sampler" / LESSONS["01"], tmp_path)
+    assert planted_students()[planted_student("sampler")] == ("sampler",)      # its notebook: that mistake alone
+    run, mine = self_check(OUT[0] / "class" / planted_student("sampler") / LESSONS["01"], tmp_path)
     assert run.returncode == 1, run.stdout + run.stderr
     assert re.search(r"^sampler +FAILED +\S", run.stdout, re.M) and PLANTED["sampler"][3] in run.stdout, run.stdout
     assert re.search(r"^generate_naive +passed$", run.stdout, re.M), run.stdout
     assert re.search(r"^top_k +FAILED +check cell missing", run.stdout, re.M), run.stdout
     assert "1/4 exercises pass" in run.stdout
-    graders = {k[2]: r for k, r in records.items() if k[:2] == ("bug_sampler", "01")}
+    graders = {k[2]: r for k, r in records.items() if k[:2] == (planted_student("sampler"), "01")}
     assert {e: (r["passed"], r["message"]) for e, r in mine.items()} == \
         {e: (r["passed"], r["message"]) for e, r in graders.items()}
 
