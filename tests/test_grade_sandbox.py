@@ -13,7 +13,9 @@ checks (the test hands it their path), a write into another student's notebook, 
 (graded outside too) wrapping the package's class, built and called in another thread; lesson 03's
 block allocator and slot mapping (engine-driven, judged outside with the student's objects across
 the sandbox) attacked by thread, exec under a notebook label, subprocess, `gc`, `co_filename`
-relabelling, a write into the installed package and a forged verdict line (tests/test_grade.py grades
+relabelling, a write into the installed package and a forged verdict line; lessons 01, 02 and 04's
+block hash (judged outside too) attacked by thread, exec under a notebook label, a forged verdict
+line and a child Python (tests/test_grade.py grades
 every lesson's honest and planted students in the sandbox: lessons 04-06's classes, which get the
 engine's sequences and block manager across it, included). Each attacked exercise gets 0, the
 honest students (graded after the attackers) pass, no hidden-check text is in any output, no
@@ -37,7 +39,7 @@ from minillm.course.build import exercise_of
 from minillm.course.isolate import plan
 
 sys.path.insert(0, str(Path(__file__).parent))
-from grading_class import EXERCISES, LESSONS, honest, lesson, trim  # noqa: E402
+from grading_class import EXERCISES, LESSONS, honest, lean, lesson, trim  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -381,6 +383,91 @@ def attacked03(tmp_path_factory):
     return {"records": records, "package": (package_file, before)}
 
 
+# lessons 01, 02 and 04's block hash, judged outside too: 01's sampler and naive generation with
+# references standing in across the sandbox, 02's cache class with the judge's model calling it,
+# 04's block hash with its fresh-process run in a sandbox of its own
+THREAD_SAMPLE = '''from concurrent.futures import ThreadPoolExecutor
+from minillm.sample import sampler as _pkg
+
+
+def sample(logits, params, generators):
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(_pkg.sample, logits, params, generators).result()
+'''
+EXEC_NAIVE = '''import minillm.baselines.naive_generation as _n
+_space = {"__name__": "mine"}
+exec(compile(open(_n.__file__).read().replace("from ..", "from minillm."), "<note" + "book cell 9>", "exec"), _space)
+generate_naive = _space["generate_naive"]
+'''
+FORGE_CACHE = '''import json, os, sys
+from minillm.kv import contiguous as _c
+ContiguousKVCache = _c.ContiguousKVCache
+
+if "IPython" not in getattr(sys, "mod" + "ules"):      # only where the verdict is decided
+    _fake = json.dumps([{"exercise": "contiguous_cache", "passed": True, "message": ""}])
+    for _fd in range(0, 64):
+        try:
+            os.write(_fd, ("0" * 32 + _fake + "\\n").encode())
+        except OSError:
+            pass
+    os._exit(0)
+'''
+SUBPROCESS_HASH = '''import subprocess, sys
+_SERVER = ("import sys\\nfrom minillm.kv.prefix_cache import block_hash as h\\n"
+           "for line in sys.stdin:\\n    p, t = eval(line)\\n    print(h(p, t).hex(), flush=True)\\n")
+_child = subprocess.Popen([sys.executable, "-c", _SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def block_hash(parent, token_ids):
+    _child.stdin.write(repr((parent, list(token_ids))) + "\\n")
+    _child.stdin.flush()
+    return bytes.fromhex(_child.stdout.readline().strip())
+'''
+# student -> (lesson, {cell id: attack}, the exercises attacked)
+ATTACKERS_EARLY = {"e1_thread_exec": ("01", {"c14": THREAD_SAMPLE, "c17": EXEC_NAIVE}, ["sampler", "generate_naive"]),
+                   "e2_forge": ("02", {"c11": FORGE_CACHE}, ["contiguous_cache"]),
+                   "e4_subprocess": ("04", {"c13": SUBPROCESS_HASH}, ["block_hash"])}
+
+
+@pytest.fixture(scope="module")
+def attacked_early(tmp_path_factory):
+    """Lessons 01, 02 and 04: an attack on each exercise moved outside, the lesson's other
+    exercises left honest (lean notebooks), graded once."""
+    problem = _bwrap_problem()
+    if problem:
+        pytest.skip(f"no sandbox on this machine: {problem}")
+    folder, out = tmp_path_factory.mktemp("class_early"), tmp_path_factory.mktemp("out_early")
+    for name, (number, cells, _) in ATTACKERS_EARLY.items():
+        nb = trim(honest(number), number)
+        for cell in nb.cells:
+            cell.source = cells.get(cell.get("id"), cell.source)
+        write(lean(nb), folder / name / LESSONS[number])
+    run, records = grade(folder, out, "--lessons", "01,02,04", "--timeout", "300")
+    return records
+
+
+def test_lessons_01_02_04_attacked_get_nothing_the_rest_passes(attacked_early):
+    """The sampler's answer called from a thread, the naive loop exec'd from the package's source
+    under a notebook label, a forged verdict line from 02's cache cell, the block hash served by a
+    child Python: each gets 0 (the answers are withheld in the sandbox, no verdict is decided
+    there); 01's top-k and top-p and 04's prefix cache and copy-on-write, honest, pass."""
+    records = attacked_early
+    for name, (number, _, attacked) in ATTACKERS_EARLY.items():
+        mine = {k[2]: r for k, r in records.items() if k[:2] == (name, number)}
+        assert set(mine) == set(EXERCISES[number]), mine
+        for exercise, r in mine.items():
+            assert r["passed"] is (exercise not in attacked), r
+    assert "withheld while grading" in records["e1_thread_exec", "01", "sampler"]["message"]
+
+
+def test_every_exercise_is_judged_outside_the_sandbox():
+    """No exercise is left to a verdict process that shares a process with student code: every
+    grader of the course is judged outside (`judge.OUTSIDE`), so each one's answer is withheld inside."""
+    from minillm.course.judge import OUTSIDE
+    graders = {f"check_{e}" for exercises in EXERCISES.values() for e in exercises}
+    assert graders and graders <= OUTSIDE, sorted(graders - OUTSIDE)
+
+
 def test_engine_driven_lesson_attacked_gets_nothing_honest_passes(attacked03):
     """Lesson 03's allocator and slot mapping, which the grader plugs into the engine outside the
     sandbox: every attack scores 0, the package is untouched, the honest student passes all three."""
@@ -506,6 +593,54 @@ def test_honest_students_pass_without_a_sandbox_with_the_warning(tmp_path):
         records
     assert run.stdout.startswith("WARNING: graded with --sandbox none")
     assert all(r["sandbox"] == "none" and r["warning"].startswith("WARNING") for r in records.values())
+
+
+def test_references_stand_in_across_the_channel_and_are_revoked_after():
+    """Lesson 01's naive generation is graded with the judge's sampler standing in for the
+    notebook's (its answer is withheld in the sandbox): the sandbox puts a handle to it in the
+    function's globals, then the notebook's own back; a handle kept past the check is refused.
+    The sampler's top-k and top-p stand in from the sandbox's own package. A generator shared by
+    rows crosses as one object; the course's tiny model by name."""
+    import threading
+
+    import torch
+
+    from minillm.checks.harness import tiny_model
+    from minillm.course import serve, wire
+    from minillm.course.outside_help import standing_in
+    from minillm.course.proxy import Peer
+    from minillm.sample import sampler
+    to_side, from_judge = os.pipe()
+    to_judge, from_side = os.pipe()
+    judge = Peer(os.fdopen(to_judge, "rb"), os.fdopen(from_judge, "wb"))
+    ns = {"__name__": "__main__"}
+    exec("import torch\nkept = []\ndef apply_top_k(x, k):\n    return 'mine'\ndef sample(*a):\n    return 'mine'\n"
+         "def loop(*a):\n    kept.append(sample)\n    return sample(*a), apply_top_k(torch.tensor([1.0, 2.0]), 1)\n"
+         "def again(*a):\n    return kept[0](*a)\n", ns)
+    side = Peer(os.fdopen(to_side, "rb"), os.fdopen(from_side, "wb"),
+                extra=lambda request: serve.answer(request, ns, {}, side))
+
+    def serve_side():
+        while (request := wire.receive(side.inp))[0].get("op") != "bye":
+            side.serve(*request)
+    thread = threading.Thread(target=serve_side, daemon=True)
+    thread.start()
+    loop = judge.ask({"op": "get", "name": "loop"})
+    g = torch.Generator().manual_seed(3)
+    logits = torch.tensor([[0.0, 5.0, 1.0]])
+    with standing_in(judge, "check_generate_naive", "loop", frozenset({"check_sampler", "check_generate_naive"})):
+        token, top_k = loop(logits, [sampler.SamplingParams(temperature=0)], [g])
+    assert token.tolist() == [1] and top_k.tolist() == [float("-inf"), 2.0]   # the judge's sample, the package's top-k
+    assert loop(None) == ("mine", "mine")                                      # the notebook's own again
+    with pytest.raises(LookupError, match="no longer reachable"):
+        judge.ask({"op": "get", "name": "again"})(logits, [sampler.SamplingParams(temperature=0)], [None])
+    blobs = []
+    rows = wire.decode(wire.encode([g, g, torch.Generator()], blobs), blobs)
+    assert rows[0] is rows[1] and rows[2] is not rows[0] and len(blobs) == 2
+    model = tiny_model()[0]
+    assert wire.decode(wire.encode(model, blobs), blobs) is model
+    wire.send(judge.out, {"op": "bye"}, [])
+    thread.join(10)
 
 
 def test_an_exception_handed_back_across_the_channel_is_the_same_object():

@@ -2,30 +2,31 @@
 in place of `verdict.py` when grading in a sandbox, never by hand).
 
 The judge is the grader's own code only: it reads the job on stdin and runs no student code.
-  - Exercises in `OUTSIDE` are graded here: the student's cells run in a sandbox (`serve.py`)
-    whose package has those answers withheld (`withheld.py`), and each grader runs in this
-    process, unchanged, on a proxy of the student's object (`proxy.py`): a call's arguments go
-    into the sandbox and its result comes back as plain data (`wire.py`; the arguments it
-    mutated are written back); what is not data crosses as a handle, both ways, so the engine
-    here drives the student's allocator, prefix cache, block manager or scheduler there, and
-    that code reads and changes the engine's sequences and block manager here through their
-    public face. The sandbox never holds a grader, a reference, a hidden check or a verdict, so
-    nothing in it can swap a grader, reach an answer or forge a verdict. A grader that also reads
-    the function's code (13's chain_root: no salted `hash()`) gets it compiled here from the
-    cells' source the job holds (`code_read.py`), never from the sandbox; one that tests the
-    class with issubclass (12's structured outputs) gets a local subclass of the package's base
-    that forwards the exercise's methods to the student's instance there (`local_class.py`).
+Every exercise is graded here (`OUTSIDE`; `verdict.py`, which shares a process with the
+student's code, runs only with `--sandbox none`):
+  - the student's cells run in a sandbox (`serve.py`) whose package has the lesson's answers
+    withheld (`withheld.py`), and each grader runs in this process, unchanged, on a proxy of the
+    student's object (`proxy.py`): a call's arguments go into the sandbox and its result comes
+    back as plain data (`wire.py`; the arguments it mutated are written back); what is not data
+    crosses as a handle, both ways, so the engine here drives the student's allocator, prefix
+    cache, block manager, scheduler or KV cache there, and that code reads and changes the
+    engine's sequences and block manager here through their public face. The sandbox never
+    holds a grader, a reference of its exercise, a hidden check or a verdict, so nothing in it
+    can swap a grader, reach an answer or forge a verdict.
+  - Some graders need more (`outside_help.py`, `code_read.py`, `local_class.py`): 01's sampler
+    and naive loop get the references of the exercises they call standing in, put into their
+    globals across the sandbox; 04's block hash and 13's chain_root graders read the function's
+    code (no salted `hash()`), compiled here from the cells' source the job holds, and 04's also
+    runs its source in a fresh Python, a one-shot sandbox; 12's structured outputs grader, which
+    tests the class with issubclass, gets a local subclass of the package's base that forwards
+    the exercise's methods to the student's instance there.
+  - Exercises that cannot cross as a proxy (07's request stream, 08's Triton kernel, 10's layer
+    sharding) are split (`collect.py`): a collect half runs the student's object in the sandbox
+    on inputs drawn here at grading time and returns plain data; the judge half compares it
+    with the reference here, with the grader's own messages.
   - Hidden checks (`--extra-checks`) run here too, on a namespace of the lesson's imports
     (imported here) and proxies of what the exercise cells define; their source never enters
     a sandbox.
-  - The other exercises are still checked by `verdict.py`, run inside a sandbox of their own
-    with the full package (its graders need the references): the sandbox confines that code
-    (files, processes, network, memory), but the verdict shares a process with it. Their
-    graders do what a proxy cannot: swap the references into the function's globals (01's
-    sampler and generate_naive), write into the cache's tensors in place (02), read the
-    function's code and source and run it in a fresh process (04's block hash), run async
-    generators (07's request stream), launch a Triton kernel (08) or hand over model layers
-    (10's sharding).
 It writes the verdicts on stdout as `verdict.py` does (the grader's nonce, then JSON).
 """
 from __future__ import annotations
@@ -34,7 +35,6 @@ import builtins
 import json
 import os
 import re
-import secrets
 import shutil
 import subprocess
 import sys
@@ -42,18 +42,21 @@ import threading
 
 from . import sandbox, wire
 from .code_read import read_here
+from .collect import COLLECTED, judge_collected
 from .local_class import BASES, local_subclass
+from .outside_help import FRESH_PROCESS, standing_in, with_fresh_python
 from .proxy import ChannelGone, Peer
 
-# graders that run here, on proxies of the student's objects (the module docstring says why not the others)
+# every grader: they run here, on proxies of the student's objects, or split in halves (`collect.py`)
 OUTSIDE = frozenset({"check_ngram_proposer", "check_rejection_sampler", "check_router_choice", "check_rope",
                      "check_top_k", "check_top_p", "check_int8_quantizer", "check_int4_quantizer",
                      "check_choice_constraint", "check_block_allocator", "check_slot_mapping",
                      "check_paged_attention", "check_prefix_cache", "check_copy_on_write", "check_scheduler",
                      "check_preemption", "check_swap", "check_detokenizer", "check_balanced_partition",
-                     "check_lora_delta", "check_chain_root", "check_structured_outputs"})
+                     "check_lora_delta", "check_chain_root", "check_structured_outputs", "check_sampler",
+                     "check_generate_naive", "check_contiguous_cache", "check_block_hash"}) | frozenset(COLLECTED)
 # of those, graders that also read the function's code (`code_read.py`: read here, from the cells' source)
-READS_CODE = frozenset({"check_chain_root"})
+READS_CODE = frozenset({"check_chain_root", "check_block_hash"})
 WITHHELD = "withheld while grading"
 
 
@@ -81,58 +84,22 @@ def _start(module: str, package, work):
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def _inside(job: dict, checks: list[dict]):
-    """verdict.py, in a sandbox with the full package, for the checks that cannot be graded from here."""
-    nonce = secrets.token_hex(16)
-    work = sandbox.workdir("minillm-verdict-")
-    sub = {"nonce": nonce, "prelude": job["prelude"], "cells": job["cells"], "checks": checks, "extra": None}
-    proc = _start("minillm.course.verdict", None, work)
-    result = {}
-
-    def talk():
-        out, err = proc.communicate(json.dumps(sub).encode())
-        result["out"], result["err"] = out.decode(errors="replace"), err.decode(errors="replace")
-    thread = threading.Thread(target=talk, daemon=True)
-    thread.start()
-    return proc, thread, result, nonce, work
-
-
-def _finish_inside(started) -> list[dict]:
-    proc, thread, result, nonce, work = started
-    thread.join()
-    failure = sandbox.finish(proc)
-    shutil.rmtree(work, ignore_errors=True)
-    line = next((x for x in reversed(result.get("out", "").splitlines()) if x.startswith(nonce)), None)
-    if line is None:
-        tail = " | ".join(result.get("err", "").strip().splitlines()[-3:])[-300:]
-        return failure or f"the exercise cells, run again for grading, ended the process (exit {proc.returncode}): {tail}"
-    return json.loads(line[len(nonce):])
-
-
 def main() -> int:
     job = json.loads(sys.stdin.read())
     out = sys.stdout
     nonce = job.pop("nonce")
     sandbox.use(os.environ.get("MINILLM_GRADE_SANDBOX", "bwrap"))
     outside = [c for c in job["checks"] if c["grader"] in OUTSIDE]
-    inside = [c for c in job["checks"] if c["grader"] not in OUTSIDE]
     hidden = job.get("extra") or None
-    started = _inside(job, inside) if inside else None
-    results = []
+    results = [{"exercise": c["exercise"], "passed": False,                  # a grader added without a judge here
+                "message": f"{c['grader']} cannot be judged outside the sandbox (not in judge.OUTSIDE)"}
+               for c in job["checks"] if c["grader"] not in OUTSIDE]
     if outside or hidden:
-        import torch                               # only here: a lesson graded inside pays nothing for the judge
+        import torch
         if not torch.cuda.is_available():
             os.environ["TRITON_INTERPRET"] = "1"
         import minillm.checks as checks
         results += _graded_here(job, outside, hidden, checks)
-    if started:
-        got = _finish_inside(started)
-        mine = {c["exercise"] for c in inside}            # the sandbox speaks for its own exercises only
-        got = [{"exercise": r["exercise"], "passed": r.get("passed") is True, "message": str(r.get("message", ""))}
-               for r in got if isinstance(r, dict) and r.get("exercise") in mine] if isinstance(got, list) else got
-        if isinstance(got, str):
-            got = [{"exercise": c["exercise"], "passed": False, "message": got} for c in inside]
-        results = got + results
     out.write(nonce + json.dumps(results) + "\n")
     out.flush()
     return 0
@@ -140,8 +107,13 @@ def main() -> int:
 
 # graders whose student code, in the sandbox, runs the package's answer of another exercise of the
 # lesson (lesson 04's copy-on-write BlockManager inherits a BlockManager that builds the package's
-# PrefixCache): they are served by a sandbox of their own, which withholds the others' answers only
-NEEDS = {"check_copy_on_write": frozenset({"check_prefix_cache"})}
+# PrefixCache and hashes blocks; lesson 01's sampler and naive generation are graded with the
+# references of top-k and top-p standing in, `outside_help.py`): they are served by a sandbox of
+# their own, which withholds the others' answers only
+NEEDS = {"check_copy_on_write": frozenset({"check_prefix_cache", "check_block_hash"}),
+         "check_sampler": frozenset({"check_top_k", "check_top_p"}),
+         "check_generate_naive": frozenset({"check_top_k", "check_top_p"}),
+         "check_request_stream": frozenset({"check_detokenizer"})}   # its server detokenizes (collect.py)
 
 
 def _graded_here(job: dict, outside: list[dict], hidden: dict | None, checks) -> list[dict]:
@@ -162,7 +134,7 @@ def _graded_here(job: dict, outside: list[dict], hidden: dict | None, checks) ->
     opened = [_open(job, withheld) for withheld in order]       # all start at once: their cells run meanwhile
     results = []
     for i, (withheld, started) in enumerate(zip(order, opened)):
-        results += _served(started, groups.get(withheld, []), job, hidden_fns if i == 0 else [], checks)
+        results += _served(started, withheld, groups.get(withheld, []), job, hidden_fns if i == 0 else [], checks)
     return results
 
 
@@ -177,11 +149,11 @@ def _open(job: dict, graders: frozenset):
         wire.send(proc.stdin, {"prelude": job["prelude"], "cells": job["cells"]}, [])
     except (OSError, ValueError):
         pass                                      # it ended already: the first question says so
-    return proc, work
+    return proc, work, package
 
 
-def _served(started, outside: list[dict], job: dict, hidden_fns: list, checks) -> list[dict]:
-    proc, work = started
+def _served(started, withheld: frozenset, outside: list[dict], job: dict, hidden_fns: list, checks) -> list[dict]:
+    proc, work, package = started
     channel = Peer(proc.stdout, proc.stdin, share_containers=True)
     results = []
     try:
@@ -205,12 +177,19 @@ def _served(started, outside: list[dict], job: dict, hidden_fns: list, checks) -
             if why:
                 results[-1]["message"] = why
                 continue
+            if check["grader"] in COLLECTED:           # collected in the sandbox, judged here (collect.py)
+                judge_collected(check, channel.ask)
+                results[-1].update(passed=True)
+                continue
             args = [channel.ask({"op": "get", "name": n}) for n in check["args"]]
             if check["grader"] in READS_CODE:
                 args = [read_here(a, n, job["cells"]) for a, n in zip(args, check["args"])]
+            if check["grader"] in FRESH_PROCESS:
+                args = [with_fresh_python(a, package, job["cells"]) for a in args]
             if check["grader"] in BASES:
                 args = [local_subclass(a, check["grader"], check["objects"].get(n)) for a, n in zip(args, check["args"])]
-            getattr(checks, check["grader"])(*args)
+            with standing_in(channel, check["grader"], (check["args"] or [""])[0], withheld):
+                getattr(checks, check["grader"])(*args)
             results[-1].update(passed=True)
         except SandboxGone as e:
             results[-1]["message"] = sandbox.finish(proc) or str(e)

@@ -5,13 +5,16 @@ It holds no grader, no hidden check and (the package copy it imports has them wi
 answer: it runs the lesson's imports and the student's exercise cells (each under the file name
 `<notebook cell N>`, as `verdict.py` does), then answers the judge's requests: the value of a
 name, whether a graded object is the notebook's own, a call of a function or method, an
-attribute. Replies are plain data (`wire.py`); anything else stays here, named by a handle
-(`proxy.py`), and what the judge hands the student's code (an engine's sequences, its block
-manager) stays there, used through proxies. What the student's code prints goes to stderr;
-whatever it writes on the channel can only be a wrong answer to the judge's current question.
+attribute; and, while one grader runs, references of other exercises standing in for the
+notebook's own in the graded function's globals (`outside_help.py`). Replies are plain data
+(`wire.py`); anything else stays here, named by a handle (`proxy.py`), and what the judge hands
+the student's code (an engine's sequences, its block manager) stays there, used through proxies.
+What the student's code prints goes to stderr; whatever it writes on the channel can only be a
+wrong answer to the judge's current question.
 """
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import traceback
@@ -21,9 +24,27 @@ from .cells import run_cells
 from .proxy import Peer
 
 
-def answer(request: dict, ns: dict, failed: dict):
+_standing: list[tuple[dict, str, object]] = []         # (globals, name, the notebook's own value) to put back
+
+
+def answer(request: dict, ns: dict, failed: dict, peer: Peer | None = None):
     """The requests about the notebook itself (the others are about objects: `proxy.Peer`)."""
     op = request["op"]
+    if op == "stand_in":                                 # {name: {"local": "module:attr"} | {"handle": the judge's}}
+        space = getattr(ns.get(request["name"]), "__globals__", None)
+        for name, value in request["values"].items() if isinstance(space, dict) else ():
+            if name in space:
+                module, attr = str(value.get("local", ":")).split(":")
+                new = getattr(importlib.import_module(module), attr) if module.startswith("minillm.") \
+                    else peer.decode(value["handle"], [])
+                _standing.append((space, name, space[name]))
+                space[name] = new
+        return None
+    if op == "stand_back":
+        while _standing:
+            space, name, own = _standing.pop()
+            space[name] = own
+        return None
     if op == "names":
         return {"names": sorted(k for k in ns if not k.startswith("__")), "failed": failed}
     if op == "authorship":
@@ -35,6 +56,9 @@ def answer(request: dict, ns: dict, failed: dict):
         return {"why": authorship(name, ns[name], request.get("methods"))}
     if op == "get":
         return ns[request["name"]]
+    if op == "collect":                                  # a grader's collect half (collect.py)
+        from .collect import run_collect
+        return run_collect(request, ns)
     raise ValueError(f"unknown request {op!r}")
 
 
@@ -51,7 +75,7 @@ def main() -> int:
         os.environ["TRITON_INTERPRET"] = "1"
     ns, failed = run_cells(header)
     sys.stdout = sys.stderr
-    peer = Peer(channel_in, channel_out, extra=lambda request: answer(request, ns, failed))
+    peer = Peer(channel_in, channel_out, extra=lambda request: answer(request, ns, failed, peer))
     while True:
         request, blobs = wire.receive(channel_in)
         if request.get("op") == "bye":

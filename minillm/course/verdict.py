@@ -1,6 +1,7 @@
 """Verdicts outside the student's kernel: `python -m minillm.course.verdict` (started by
 `grade.py`, never by hand) reads a job as JSON on stdin, runs it in this plain Python process
-(no IPython, no nbval) and writes the verdicts as one JSON line on stdout.
+(no IPython, no nbval) and writes the verdicts as one JSON line on stdout. Only with
+`--sandbox none`: in a sandbox every verdict is decided outside it, by `judge.py`.
 
 The order is what makes the verdicts the grader's own:
   1. the graders (`minillm.checks`), the hidden checks and the references are imported, and this

@@ -36,6 +36,9 @@ METHODS = {
     "check_swap": ("minillm.kv.block_manager:BlockManager.swap_out", "minillm.kv.block_manager:BlockManager.swap_in"),
     "check_structured_outputs": ("minillm.structured.matchers:StructuredOutputs.mask_logits",
                                  "minillm.structured.matchers:StructuredOutputs.advance"),
+    "check_request_stream": ("minillm.server.async_engine:RequestStream.deliver",
+                             "minillm.server.async_engine:RequestStream._outputs",
+                             "minillm.server.async_engine:RequestStream.abort"),
 }
 
 
