@@ -71,7 +71,8 @@ def test_quick_run_without_llama_cpp_hints_and_still_measures_every_row(tmp_path
     assert agreement["float32"] == 1.0 and all(0 <= v <= 1 for v in agreement.values())
     b = report["weight_bytes_per_step"]
     assert b["int4"]["layers"] < b["int8"]["layers"] < b["float32"]["layers"]
-    assert b["w4a8"] == b["int4"]                                 # the same stored weights
+    assert b["w4a8"]["head"] == b["int4"]["head"]               # the same weights; w4a8 stores its
+    assert b["w4a8"]["layers"] == pytest.approx(b["int4"]["layers"] * 0.625 / 0.75)   # scales in float16
     assert report["machine"]["llama_cpp_python"] is None and LLAMA_CPP_HINT in report["notes"]
     assert report["settings"]["engine_options"]["max_num_seqs"] == 2
     assert report["settings"]["prefill_tokens"] == 512 and report["settings"]["llama_cpp_throughput"] is None

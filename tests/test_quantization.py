@@ -47,6 +47,22 @@ def test_int4_reference_uses_every_groups_own_range():
         quantize_int4(torch.randn(4, 40), 32)
 
 
+def test_float16_scales_are_float16_values_chosen_before_the_codes():
+    """Int4Linear's scales and minimums are stored on float16's grid (w4a8 reads them as float16):
+    the codes are chosen against the rounded grid, so the error stays about half a step."""
+    torch.manual_seed(0)
+    w = torch.randn(32, 128) * torch.logspace(-6, 1, 32)[:, None]      # down to float16's subnormals
+    _, exact_scale, exact_minimum = quantize_int4(w, 32)
+    q, scale, minimum = quantize_int4(w, 32, float16_scales=True)
+    assert torch.equal(scale, exact_scale.half().float()) and torch.equal(minimum, exact_minimum.half().float())
+    err = (dequantize_int4(q, scale, minimum, 32) - w).abs().reshape(32, 4, 32)
+    # half a step, plus what rounding the minimum and the 15 steps' span to float16 moved
+    bound = 0.5 * scale + (minimum - exact_minimum).abs() + 15 * (scale - exact_scale).abs()
+    assert (err <= bound[..., None] * (1 + 1e-5) + 1e-12).all()
+    with pytest.raises(ValueError, match="float16"):
+        quantize_int4(torch.full((2, 32), 7e4), 32, float16_scales=True)
+
+
 def test_a_row_or_group_of_zeros_stays_exactly_zero():
     w = torch.zeros(32, 64)
     assert dequantize_int8(*quantize_int8(w)).eq(0).all()
@@ -62,7 +78,7 @@ def reference_weight(linear, method, group_size):
         return dequantize_int8(*quantize_int8(w))
     k = w.shape[1]
     padded = F.pad(w, (0, -k % group_size))
-    return dequantize_int4(*quantize_int4(padded, group_size), group_size)[:, :k]
+    return dequantize_int4(*quantize_int4(padded, group_size, float16_scales=True), group_size)[:, :k]
 
 
 CASES = [("int8", None), ("int4", 32), ("int4", 64), ("int4", 128)]

@@ -63,6 +63,28 @@ def test_both_kernel_builds_match_the_reference(group_size, shape, rows):
     torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=tolerance)
 
 
+def test_scales_are_read_as_float16_by_both_builds_subnormals_too():
+    """The scales and minimums are stored and read as float16 (0.625 bytes a weight, not 0.75):
+    tiny weights give subnormal float16 scales, which the plain C conversion must read exactly too."""
+    available = builds()
+    if not available:
+        pytest.skip(f"no C compiler: {w4a8.load_error}")
+    torch.manual_seed(0)
+    linear = nn.Linear(256, 64, bias=False)
+    linear.weight.data[:32] *= 1e-3                      # scales ~1e-6: float16 subnormals
+    layer = W4A8Linear.from_linear(linear)
+    assert layer.scale.dtype == layer.minimum.dtype == layer.scale_panels.dtype == torch.float16
+    assert (layer.scale[:32].abs() < 6.1e-5).all()
+    x = torch.randn(3, 256)
+    expected = F.linear(fake_quantize_activations(x), layer.dequantized_weight())
+    for name, lib in available:
+        got = w4a8_matmul(x, layer.panels, layer.scale_panels, layer.minimum_panels, 32, lib=lib)
+        torch.testing.assert_close(got[:, :32], expected[:, :32], rtol=1e-5, atol=1e-8, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=4e-5, msg=lambda m: f"{name}: {m}")
+    with pytest.raises(ValueError, match="float16 scale and minimum panels|Half"):
+        w4a8_matmul(x, layer.panels, layer.scale_panels.float(), layer.minimum_panels.float(), 32)
+
+
 def test_the_panel_layout_puts_four_inputs_of_a_column_in_one_lane():
     codes = torch.arange(32 * 16, dtype=torch.int64).reshape(32, 16).remainder(16).to(torch.uint8)
     codes[5] = torch.tensor([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 0], dtype=torch.uint8)

@@ -1,7 +1,11 @@
 """`Int4Linear`: 4-bit weights in groups of `group_size` inputs, each group with a scale and a minimum.
 
 Stored: `codes` uint8 [N, K/2], two 4-bit codes per byte (input k in the low nibble, k+1 in
-the high one), `scale` and `minimum` [N, K/G] (reference.py's scheme). Which matmul runs:
+the high one), `scale` and `minimum` [N, K/G] (reference.py's scheme), rounded to float16
+values as llama.cpp's Q4_1 stores them: w4a8's kernel reads them as float16 (2 bytes each, a
+sixth fewer bytes per weight than float32's 0.75; quality.py says what the rounding costs).
+This class keeps them in the model's dtype (its kernel reads float32); W4A8Linear in float16.
+Which matmul runs:
   - float32 on CPU, up to MAX_ROWS rows: our C kernel on the codes laid out in panels
     (kernels.py): torch's `aten._weight_int4pack_mm_for_cpu` takes a scalar path for float32;
   - bfloat16/float16 on CPU, up to MAX_ROWS rows: torch's pair, packed on first use,
@@ -43,18 +47,22 @@ class Int4Linear(LinearBackend):
         self.out_features, padded = codes.shape
         self.in_features, self.group_size, self.pad = in_features, group_size, padded - in_features
         self.register_buffer("codes", codes[:, 0::2] | (codes[:, 1::2] << 4))      # [N, K/2]
-        self.register_buffer("scale", scale)                                       # [N, K/G]
-        self.register_buffer("minimum", minimum)                                   # [N, K/G]
+        dtype = self.scale_dtype or scale.dtype
+        self.register_buffer("scale", scale.to(dtype))                             # [N, K/G]
+        self.register_buffer("minimum", minimum.to(dtype))                         # [N, K/G]
         self.bias = bias
         self.torch_packed = None            # torch's layout, made on the first bfloat16/float16 call
         self.use_c_kernel = (codes.device.type == "cpu" and self.out_features % kernels.PANEL == 0
                              and self.load_c_kernel() is not None)
         if self.use_c_kernel:
             self.register_buffer("panels", self.pack_codes(codes), persistent=False)
-            self.register_buffer("scale_panels", kernels.to_panels(scale.float()), persistent=False)
-            self.register_buffer("minimum_panels", kernels.to_panels(minimum.float()), persistent=False)
+            panel_dtype = self.scale_dtype or torch.float32
+            self.register_buffer("scale_panels", kernels.to_panels(scale.to(panel_dtype)), persistent=False)
+            self.register_buffer("minimum_panels", kernels.to_panels(minimum.to(panel_dtype)), persistent=False)
 
-    # The C kernel and its code layout (w4a8.py's subclass has its own).
+    # The C kernel, its code layout and the dtype of the scales it reads, None: the model's in
+    # storage, float32 in panels (w4a8.py's subclass has its own).
+    scale_dtype = None
     load_c_kernel = staticmethod(kernels.load_kernels)
     pack_codes = staticmethod(kernels.pack_int4_panels)
 
@@ -64,7 +72,8 @@ class Int4Linear(LinearBackend):
             raise ValueError(f"int4 group_size must be one of {GROUP_SIZES}, got {group_size!r}")
         weight = linear.weight.detach()
         in_features = weight.shape[1]
-        codes, scale, minimum = quantize_int4(F.pad(weight, (0, -in_features % group_size)), group_size)
+        codes, scale, minimum = quantize_int4(F.pad(weight, (0, -in_features % group_size)), group_size,
+                                              float16_scales=True)
         dtype = weight.dtype
         return cls(codes, scale.to(dtype), minimum.to(dtype), linear.bias, in_features, group_size)
 

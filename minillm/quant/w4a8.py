@@ -34,7 +34,12 @@ At one row and two threads both are bound by what is not arithmetic: ~18 us per 
 overhead (Python, the op dispatcher, ctypes, OpenMP's fork) times 210 calls, and DRAM. torch's
 own int4 CPU op takes a scalar path with float32 activations (speed.py: 5.3 ms for ONE layer).
 Since these figures the op's CPU kernel is C++ (utils/native_ops.py): a tiny call costs 7.1 us
-instead of 11.2 by ctypes (speed.py --per-call, rough).
+instead of 11.2 by ctypes (speed.py --per-call, rough). And the scales and minimums are float16
+(int4.py): 4 bytes per group of 32 instead of 8, 0.625 bytes a weight instead of 0.75, 17 %
+fewer bytes at batch 1. `python -m minillm.quant.speed --against OLD_w4a8_linear.c --shape
+llama-3.2-1b --rows 1 8` could not show it: the 2-core Xeon had a load average of 9-14 from
+other jobs, each thread got a fraction of a core (0.2-6 GB/s), and new/old moved between 0.91
+and 1.10 at 1 row over four runs (8 rows: 0.87 twice). A quiet run is still to be made.
 """
 from __future__ import annotations
 
@@ -83,6 +88,9 @@ def w4a8_ctypes(x: torch.Tensor, panels: torch.Tensor, scale_panels: torch.Tenso
                 minimum_panels: torch.Tensor, group_size: int, lib=None) -> torch.Tensor:
     """w4a8_linear called with ctypes: the op's Python fallback where its C++ wrapper is not built."""
     m, k = x.shape
+    if scale_panels.dtype != torch.float16 or minimum_panels.dtype != torch.float16:
+        raise ValueError(f"w4a8_linear reads float16 scale and minimum panels, got {scale_panels.dtype}, "
+                         f"{minimum_panels.dtype}")
     if x.dtype != torch.float32 or k % group_size or group_size % ACTIVATION_BLOCK:
         raise ValueError(f"w4a8_linear takes float32 [M, K] with K a multiple of group_size and group_size "
                          f"of {ACTIVATION_BLOCK}; got {x.dtype} [{m}, {k}], group_size {group_size}")
@@ -106,6 +114,7 @@ class W4A8Linear(Int4Linear):
     name = "w4a8"
     load_c_kernel = staticmethod(load_w4a8_kernel)
     pack_codes = staticmethod(pack_w4a8_panels)
+    scale_dtype = torch.float16          # stored and read as float16: 0.625 bytes a weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = self._padded(x if x.dim() == 2 else x.reshape(-1, self.in_features))   # K: a multiple of G

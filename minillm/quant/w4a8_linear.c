@@ -17,7 +17,10 @@
  * has 4 bytes: byte j = q[c][k0 + j] | q[c][k0 + 4 + j] << 4 (a 32-bit lane of vpdpbusd holds
  * 4 consecutive inputs of one column: the low nibbles are inputs k0..k0+3, the high k0+4..k0+7).
  *     wp[p][k/8][c][j]  (uint8, N/P x K/8 x P x 4 = N*K/2 bytes)
- *     sp[p][g][c], mp[p][g][c] = scale, minimum   (float, as quantized_linear.c)
+ *     sp[p][g][c], mp[p][g][c] = scale, minimum   (float16 bits, quantized_linear.c's layout)
+ * The scales and minimums are float16 (int4.py rounds them so, as llama.cpp's Q4_1 stores them):
+ * 4 bytes per 32 weights instead of 8, 0.625 bytes a weight instead of 0.75. Converted to float
+ * as they are read; the sums are the float32 ones of the same values.
  *
  * Built with -march=native: the VNNI path where the CPU has it (__AVX512VNNI__), else a plain C
  * loop with the same integer sums (kernels built with -mno-avx512vnni test it on any machine).
@@ -66,13 +69,18 @@ static void quantize_row(const float *x, int K, int8_t *qx, float *d, float *xs)
 }
 
 #ifdef __AVX512VNNI__
+/* 16 float16 values (their bits) as floats: vcvtph2ps. */
+static inline __m512 halves(const uint16_t *h) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
+}
+
 /* One row times one panel: two 16-lane halves of the panel's 32 columns. */
 static void panel_row(const int8_t *qx, const float *d, const float *xs, int K, const uint8_t *w,
-                      const float *sc, const float *mn, int G, float *y) {
+                      const uint16_t *sc, const uint16_t *mn, int G, float *y) {
     const __m512i low = _mm512_set1_epi8(15);
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     for (int g = 0; g < K / G; g++) {
-        const __m512 s0 = _mm512_loadu_ps(sc + g * P), s1 = _mm512_loadu_ps(sc + g * P + 16);
+        const __m512 s0 = halves(sc + g * P), s1 = halves(sc + g * P + 16);
         float group_sum = 0;
         for (int b = g * (G / B); b < (g + 1) * (G / B); b++) {
             __m512i i0 = _mm512_setzero_si512(), i1 = _mm512_setzero_si512();
@@ -94,16 +102,27 @@ static void panel_row(const int8_t *qx, const float *d, const float *xs, int K, 
             group_sum += xs[b];
         }
         const __m512 gs = _mm512_set1_ps(group_sum);
-        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(mn + g * P), gs, acc0);
-        acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(mn + g * P + 16), gs, acc1);
+        acc0 = _mm512_fmadd_ps(halves(mn + g * P), gs, acc0);
+        acc1 = _mm512_fmadd_ps(halves(mn + g * P + 16), gs, acc1);
     }
     _mm512_storeu_ps(y, acc0);
     _mm512_storeu_ps(y + 16, acc1);
 }
 #else
+/* A float16 (its bits) as a float, exactly: normal, subnormal, zero, inf and NaN. */
+static float half(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 31, mantissa = h & 1023;
+    uint32_t bits = sign | (exponent + 112) << 23 | mantissa << 13;        /* normal */
+    if (exponent == 31) bits = sign | 0x7f800000 | mantissa << 13;         /* inf, NaN */
+    float f;
+    if (exponent == 0) return (sign ? -1.0f : 1.0f) * ldexpf((float)mantissa, -24);   /* zero, subnormal */
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
 /* The same sums in plain C (no VNNI): slower, same integers, float epilogue in the same order. */
 static void panel_row(const int8_t *qx, const float *d, const float *xs, int K, const uint8_t *w,
-                      const float *sc, const float *mn, int G, float *y) {
+                      const uint16_t *sc, const uint16_t *mn, int G, float *y) {
     float acc[P] = {0};
     for (int g = 0; g < K / G; g++) {
         float group_sum = 0;
@@ -115,10 +134,10 @@ static void panel_row(const int8_t *qx, const float *d, const float *xs, int K, 
                     for (int j = 0; j < 4; j++)
                         isum[c] += (wk[c * 4 + j] & 15) * qx[k + j] + (wk[c * 4 + j] >> 4) * qx[k + 4 + j];
             }
-            for (int c = 0; c < P; c++) acc[c] = fmaf(sc[g * P + c] * d[b], (float)isum[c], acc[c]);
+            for (int c = 0; c < P; c++) acc[c] = fmaf(half(sc[g * P + c]) * d[b], (float)isum[c], acc[c]);
             group_sum += xs[b];
         }
-        for (int c = 0; c < P; c++) acc[c] = fmaf(mn[g * P + c], group_sum, acc[c]);
+        for (int c = 0; c < P; c++) acc[c] = fmaf(half(mn[g * P + c]), group_sum, acc[c]);
     }
     memcpy(y, acc, sizeof acc);
 }
@@ -135,7 +154,7 @@ int w4a8_has_vnni(void) {
 
 /* y[M, N] = rows of x[M, K] (float32) quantized to int8, times the int4 panels. 0, or -1 when
  * the activations' buffers cannot be allocated (nothing written). */
-int w4a8_linear(const float *x, int M, int K, const uint8_t *wp, const float *sp, const float *mp, int G,
+int w4a8_linear(const float *x, int M, int K, const uint8_t *wp, const uint16_t *sp, const uint16_t *mp, int G,
                  int N, float *y, int num_threads) {
     int8_t *qx = malloc((size_t)M * K);
     float *d = malloc(sizeof(float) * (size_t)M * (K / B)), *xs = malloc(sizeof(float) * (size_t)M * (K / B));
@@ -150,7 +169,7 @@ int w4a8_linear(const float *x, int M, int K, const uint8_t *wp, const float *sp
 #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (int p = 0; p < N / P; p++) {
         const uint8_t *w = wp + (int64_t)p * (K / 2) * P;
-        const float *sc = sp + (int64_t)p * (K / G) * P, *mn = mp + (int64_t)p * (K / G) * P;
+        const uint16_t *sc = sp + (int64_t)p * (K / G) * P, *mn = mp + (int64_t)p * (K / G) * P;
         for (int r = 0; r < M; r++)
             panel_row(qx + (int64_t)r * K, d + (int64_t)r * (K / B), xs + (int64_t)r * (K / B), K, w, sc, mn, G,
                       y + (int64_t)r * N + p * P);

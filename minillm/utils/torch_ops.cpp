@@ -79,8 +79,8 @@ at::Tensor int8_linear(const at::Tensor& x_, const at::Tensor& panels, const at:
 // ---- int4_linear and w4a8_linear: int4 codes, a scale and a minimum per group of inputs ----
 using Int4LinearC = void (*)(const float*, int, int, const uint8_t*, const float*, const float*, int, int,
                              float*, int);
-using W4A8LinearC = int (*)(const float*, int, int, const uint8_t*, const float*, const float*, int, int,
-                            float*, int);
+using W4A8LinearC = int (*)(const float*, int, int, const uint8_t*, const uint16_t*, const uint16_t*, int, int,
+                            float*, int);   // scales and minimums: float16 bits
 Int4LinearC int4_linear_c = nullptr;
 W4A8LinearC w4a8_linear_c = nullptr;
 
@@ -97,8 +97,9 @@ at::Tensor check_int4(const char* op, const at::Tensor& x_, const at::Tensor& pa
     check_weight(panels, op, "panels", at::kByte, {n / PANEL, k / 8, PANEL, 4}, "[N / 32, K / 8, 32, 4]");
   else
     check_weight(panels, op, "panels", at::kByte, {n / PANEL, k / 2, PANEL}, "[N / 32, K / 2, 32]");
-  check_weight(sp, op, "scale_panels", at::kFloat, {n / PANEL, k / g, PANEL}, "[N / 32, K / group_size, 32]");
-  check_weight(mp, op, "minimum_panels", at::kFloat, {n / PANEL, k / g, PANEL}, "[N / 32, K / group_size, 32]");
+  const auto scales = w4a8 ? at::kHalf : at::kFloat;   // w4a8 reads float16 scales and minimums
+  check_weight(sp, op, "scale_panels", scales, {n / PANEL, k / g, PANEL}, "[N / 32, K / group_size, 32]");
+  check_weight(mp, op, "minimum_panels", scales, {n / PANEL, k / g, PANEL}, "[N / 32, K / group_size, 32]");
   return x_.contiguous();
 }
 
@@ -118,7 +119,8 @@ at::Tensor w4a8_linear(const at::Tensor& x_, const at::Tensor& panels, const at:
   const int64_t m = x.size(0), k = x.size(1), n = panels.size(0) * PANEL;
   auto y = empty(m, n);
   const int failed = w4a8_linear_c(x.const_data_ptr<float>(), m, k, panels.const_data_ptr<uint8_t>(),
-                                   sp.const_data_ptr<float>(), mp.const_data_ptr<float>(), group_size, n,
+                                   static_cast<const uint16_t*>(sp.const_data_ptr()),
+                                   static_cast<const uint16_t*>(mp.const_data_ptr()), group_size, n,
                                    y.mutable_data_ptr<float>(), at::get_num_threads());
   TORCH_CHECK_WITH(OutOfMemoryError, !failed, "minillm::w4a8_linear could not allocate the int8 activations of a ",
                    m, " x ", k, " input");
