@@ -29,6 +29,8 @@
  * average of 8-10 from other jobs, so the absolute ms mean nothing):
  *     python -m minillm.quant.speed --against OLD.c --shape llama-3.2-1b --head-only --rows 1 8 --repeats 15
  *     head, new / old:   1 row 0.609 (2 threads) 0.612 (1 thread);   8 rows 0.530 / 0.528
+ *     later, the load down to ~1, 2 threads: 1 row 17.22 -> 11.08 ms (0.643; 15.3 -> 23.7 GB/s,
+ *     near the ~25 GB/s the CPU reads), 8 rows 40.09 -> 23.46 ms (0.585)
  *     --shape smollm2-135m --threads 1 --rows 1 8 32, 30 layers:  0.60 / 0.58 / 0.67
  * The tile is 4 rows (was 6; with two partial sums 6 rows take 24 of the 32 registers), which
  * also stops an 8-row call computing 12 rows (6 + 6). Old = this file before that change

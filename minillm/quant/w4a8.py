@@ -35,11 +35,16 @@ overhead (Python, the op dispatcher, ctypes, OpenMP's fork) times 210 calls, and
 own int4 CPU op takes a scalar path with float32 activations (speed.py: 5.3 ms for ONE layer).
 Since these figures the op's CPU kernel is C++ (utils/native_ops.py): a tiny call costs 7.1 us
 instead of 11.2 by ctypes (speed.py --per-call, rough). And the scales and minimums are float16
-(int4.py): 4 bytes per group of 32 instead of 8, 0.625 bytes a weight instead of 0.75, 17 %
-fewer bytes at batch 1. `python -m minillm.quant.speed --against OLD_w4a8_linear.c --shape
-llama-3.2-1b --rows 1 8` could not show it: the 2-core Xeon had a load average of 9-14 from
-other jobs, each thread got a fraction of a core (0.2-6 GB/s), and new/old moved between 0.91
-and 1.10 at 1 row over four runs (8 rows: 0.87 twice). A quiet run is still to be made.
+(int4.py): 4 bytes per group of 32 instead of 8, 0.625 bytes a weight instead of 0.75, and the
+kernel asks for its codes 2 KB ahead (__builtin_prefetch, as quantized_linear.c: one stream per
+thread is too thin for this Xeon's prefetcher). `python -m minillm.quant.speed --against OLD.c
+--shape llama-3.2-1b --rows 1 8 --repeats 15` (the 112 layer matrices, random weights; 2-core
+Xeon, load average ~1 in those minutes, ratios from one run each, new / old):
+    float16 scales against float32 ones           1 row 0.932, 0.954 (two runs)   8 rows 0.971
+    + the prefetch against float16 scales alone   1 row 0.777 (32.1 ms, 18.9 GB/s of the
+                                                  new bytes)                      8 rows 0.890
+so about 0.74 of the time at one row in all. Under a load of 5-6 the same A/B read 0.784
+(prefetch) and 0.915 / 0.972 (both against the old file): direction the same, less clear.
 """
 from __future__ import annotations
 

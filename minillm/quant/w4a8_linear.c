@@ -37,6 +37,8 @@
 
 #define P 32    /* output columns per panel */
 #define B 32    /* inputs per activation block (one scale d each) */
+#define AHEAD 2048  /* bytes of codes asked for ahead of the ones read (__builtin_prefetch): one
+                     * row of 1B-shaped layers 0.78x the time without (w4a8.py); 1 KB read alike */
 
 /* One row to int8: per block, d = max|x| / 127 (1 for a block of zeros), qx = round(x / d)
  * (half to even, as torch.round). xs[b] = d * sum(qx): the block's sum as the weights see it.
@@ -86,6 +88,8 @@ static void panel_row(const int8_t *qx, const float *d, const float *xs, int K, 
             __m512i i0 = _mm512_setzero_si512(), i1 = _mm512_setzero_si512();
             for (int k = b * B; k < (b + 1) * B; k += 8) {
                 const uint8_t *wk = w + (int64_t)(k / 8) * P * 4;
+                __builtin_prefetch(wk + AHEAD);         /* 128 bytes a step: two lines */
+                __builtin_prefetch(wk + AHEAD + 64);
                 const __m512i v0 = _mm512_loadu_si512(wk), v1 = _mm512_loadu_si512(wk + 64);
                 int32_t a, c;
                 memcpy(&a, qx + k, 4);          /* activations k..k+3, for the low nibbles */
