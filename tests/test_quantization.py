@@ -20,7 +20,8 @@ from minillm.baselines.naive_generation import next_token_logits_naive
 from minillm.quant import (LINEAR_BACKENDS, Int4Linear, Int8Linear, kernels, quantization_names,
                            quantize_model, register_linear_backend)
 from minillm.quant.quality import float_copy
-from minillm.quant.reference import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
+from minillm.quant.reference import (dequantize_int4, dequantize_int8, quantize_int4, quantize_int4_float16_scales,
+                                     quantize_int8)
 
 # -- the reference quantizers --------------------------------------------------------------
 
@@ -53,14 +54,14 @@ def test_float16_scales_are_float16_values_chosen_before_the_codes():
     torch.manual_seed(0)
     w = torch.randn(32, 128) * torch.logspace(-6, 1, 32)[:, None]      # down to float16's subnormals
     _, exact_scale, exact_minimum = quantize_int4(w, 32)
-    q, scale, minimum = quantize_int4(w, 32, float16_scales=True)
+    q, scale, minimum = quantize_int4_float16_scales(w, 32)
     assert torch.equal(scale, exact_scale.half().float()) and torch.equal(minimum, exact_minimum.half().float())
     err = (dequantize_int4(q, scale, minimum, 32) - w).abs().reshape(32, 4, 32)
     # half a step, plus what rounding the minimum and the 15 steps' span to float16 moved
     bound = 0.5 * scale + (minimum - exact_minimum).abs() + 15 * (scale - exact_scale).abs()
     assert (err <= bound[..., None] * (1 + 1e-5) + 1e-12).all()
     with pytest.raises(ValueError, match="float16"):
-        quantize_int4(torch.full((2, 32), 7e4), 32, float16_scales=True)
+        quantize_int4_float16_scales(torch.full((2, 32), 7e4), 32)
 
 
 def test_a_row_or_group_of_zeros_stays_exactly_zero():
@@ -78,7 +79,7 @@ def reference_weight(linear, method, group_size):
         return dequantize_int8(*quantize_int8(w))
     k = w.shape[1]
     padded = F.pad(w, (0, -k % group_size))
-    return dequantize_int4(*quantize_int4(padded, group_size, float16_scales=True), group_size)[:, :k]
+    return dequantize_int4(*quantize_int4_float16_scales(padded, group_size), group_size)[:, :k]
 
 
 CASES = [("int8", None), ("int4", 32), ("int4", 64), ("int4", 128)]

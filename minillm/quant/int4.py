@@ -26,7 +26,7 @@ from torch import nn
 
 from . import kernels
 from .base import LinearBackend
-from .reference import dequantize_int4, quantize_int4
+from .reference import dequantize_int4, quantize_int4_float16_scales
 
 DEFAULT_GROUP_SIZE = 32
 GROUP_SIZES = (32, 64, 128, 256)
@@ -72,8 +72,8 @@ class Int4Linear(LinearBackend):
             raise ValueError(f"int4 group_size must be one of {GROUP_SIZES}, got {group_size!r}")
         weight = linear.weight.detach()
         in_features = weight.shape[1]
-        codes, scale, minimum = quantize_int4(F.pad(weight, (0, -in_features % group_size)), group_size,
-                                              float16_scales=True)
+        codes, scale, minimum = quantize_int4_float16_scales(F.pad(weight, (0, -in_features % group_size)),
+                                                             group_size)
         dtype = weight.dtype
         return cls(codes, scale.to(dtype), minimum.to(dtype), linear.bias, in_features, group_size)
 
