@@ -66,13 +66,17 @@ def quantize_int4_float16_scales(weight: torch.Tensor, group_size: int) -> tuple
     """quantize_int4 with its scale and minimum rounded to float16 values (still float32 tensors)
     BEFORE the codes are chosen, so the codes fit the grid that is stored (int4.py: 2 bytes each,
     not 4). Apart from quantize_int4 so that lesson 09's exercise stays the plain scheme."""
-    _, scale, minimum = quantize_int4(weight, group_size)
-    if not weight.detach().float().abs().amax() <= FLOAT16_MAX:             # NaN fails too
+    n, k = weight.shape
+    if k % group_size:
+        raise ValueError(f"in_features={k} is not a multiple of group_size={group_size}")
+    groups = weight.detach().float().reshape(n, k // group_size, group_size)
+    if not groups.abs().amax() <= FLOAT16_MAX:                              # NaN fails too
         raise ValueError(f"float16 scales: a weight beyond float16's range (|w| > {FLOAT16_MAX}) or not finite")
+    minimum, maximum = groups.amin(dim=-1), groups.amax(dim=-1)             # quantize_int4's grid, not its codes
+    span = maximum - minimum
+    scale = torch.where(span > 0, span / INT4_LEVELS, torch.ones_like(span))
     scale, minimum = scale.half().float(), minimum.half().float()
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))     # a span too small for float16
-    n, k = weight.shape
-    groups = weight.detach().float().reshape(n, k // group_size, group_size)
     q = torch.round((groups - minimum[..., None]) / scale[..., None]).clamp(0, INT4_LEVELS)
     return q.to(torch.uint8).reshape(n, k), scale, minimum
 
