@@ -39,9 +39,6 @@ import copy
 import re
 from pathlib import Path
 
-import nbformat
-import nbformat.v4
-
 BEGIN, END = "# BEGIN SOLUTION", "# END SOLUTION"
 STUB = ("# YOUR CODE HERE", 'raise NotImplementedError("YOUR CODE HERE")')
 NOTEBOOK_NAME = re.compile(r"^\d\d_.+\.ipynb$")
@@ -168,6 +165,7 @@ def make_lesson(solution, name: str = "notebook", stubs: bool = True, repository
             cell.id = f"check-{exercise}"
             tags = [t for t in cell.metadata.get("tags", []) if t != CHECK_TAG]
             cell.metadata["tags"] = tags + [CHECK_TAG]
+    import nbformat.v4                      # here, not at the top: see read()
     lesson_name = Path(name).name
     lesson.cells[:0] = [nbformat.v4.new_markdown_cell(badge_markdown(repository, lesson_name), id=BADGE_ID),
                         nbformat.v4.new_code_cell(setup_source(repository), id=SETUP_ID)]
@@ -182,10 +180,15 @@ def strip_markers(source: str, where: str = "cell") -> str:
 
 def render(nb) -> str:
     """The exact text written to disk: nbformat's stable JSON (sorted keys) + a newline."""
+    import nbformat
     return nbformat.writes(nb, version=4) + "\n"
 
 
 def read(path: Path):
+    # nbformat is imported where a notebook is read or written, not with this module: its schema
+    # validator takes ~1.7 s to import, and every grading process (the judge, each sandbox serving
+    # a notebook's cells) imports this package (its __init__) without touching a notebook
+    import nbformat
     return nbformat.read(str(path), as_version=4)
 
 
