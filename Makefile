@@ -18,7 +18,7 @@ course: setup
 	.venv/bin/jupyter lab $(strip $(COURSE_FLAGS)) lessons/
 
 test: setup
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} .venv/bin/python -m pytest -n $${MINILLM_TEST_WORKERS:-2} --dist loadfile --durations=25
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} .venv/bin/python -m pytest -n $${MINILLM_TEST_WORKERS:-2} --dist loadfile --no-loadscope-reorder --durations=25
 
 lessons: setup
 	.venv/bin/python -m minillm.course build

@@ -68,3 +68,23 @@ def run_without_a_compiler(script: str, cache) -> list[str]:
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     return out.stdout.splitlines()
+
+
+# Files that take minutes, by the seconds of their last `--durations` (one worker). `make test`
+# hands files to its two xdist workers in collection order (`--no-loadscope-reorder`): these go
+# first, the others after, most tests first (xdist's own default order). A long file handed out
+# last would leave one worker running it alone at the end.
+SLOW_FILES = {
+    "tests/test_grade.py": 330, "tests/test_grade_sandbox.py": 240, "tests/test_colab_binder.py": 120,
+    "solutions/10_beyond_one_machine.ipynb": 100, "tests/test_multinode.py": 70,
+    "tests/test_tensor_parallel.py": 60, "tests/test_quant_quality.py": 55,
+    "solutions/11_speculative_decoding.ipynb": 45,
+}
+
+
+@pytest.hookimpl(trylast=True)            # after pytest's own reordering (by fixture parameters)
+def pytest_collection_modifyitems(config, items):
+    files = [item.nodeid.split("::")[0] for item in items]
+    count = {f: files.count(f) for f in set(files)}
+    order = {f: (-SLOW_FILES.get(f, 0), -count[f], files.index(f)) for f in count}
+    items[:] = [item for _, item in sorted(zip(files, items), key=lambda pair: order[pair[0]])]
