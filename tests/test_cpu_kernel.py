@@ -57,6 +57,44 @@ def test_decode_kernel_matches_reference(heads, kv_heads, head_dim, block_size):
 
 
 @needs_kernel
+@pytest.mark.parametrize("heads,kv_heads,head_dim,block_size", [(9, 3, 64, 16), (8, 2, 32, 3)])
+def test_bfloat16_cache_matches_the_float32_sums_of_its_values(heads, kv_heads, head_dim, block_size):
+    """A bfloat16 cache is widened as it is read and summed in float32: the same as the float32
+    kernel on the widened cache, rounded once at the end (and near the bfloat16 reference)."""
+    gen = torch.Generator().manual_seed(head_dim + block_size)
+    num_blocks = 300 // block_size + 32
+    k = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen).bfloat16()
+    v = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen).bfloat16()
+    before = [0, block_size - 1, block_size, 37, 150]
+    step = random_step(gen, before, [1] * len(before), block_size, num_blocks)
+    q = torch.randn(len(before), heads, head_dim, generator=gen).bfloat16()
+    ours = CPUPagedAttention().forward(q, k, v, step)
+    assert ours.dtype == torch.bfloat16
+    widened = CPUPagedAttention().forward(q.float(), k.float(), v.float(), step)
+    assert torch.equal(ours, widened.bfloat16())
+    ref = TorchPagedAttention().forward(q, k, v, step)
+    torch.testing.assert_close(ours.float(), ref.float(), rtol=2e-2, atol=2e-2)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_rows_result_does_not_depend_on_its_batch(dtype):
+    """The same query over the same blocks gives the same bits alone and among others (the work
+    is split by (query, KV head), never by the batch)."""
+    gen = torch.Generator().manual_seed(5)
+    block_size, num_blocks, heads, kv_heads, d = 16, 96, 9, 3, 64
+    k = torch.randn(num_blocks, block_size, kv_heads, d, generator=gen).to(dtype)
+    v = torch.randn(num_blocks, block_size, kv_heads, d, generator=gen).to(dtype)
+    before = [130, 5, 64, 199, 17, 300]
+    step = random_step(gen, before, [1] * len(before), block_size, num_blocks)
+    q = torch.randn(len(before), heads, d, generator=gen).to(dtype)
+    together = CPUPagedAttention().forward(q, k, v, step)
+    for b, table in enumerate(step.block_tables.tolist()):
+        alone = PagedStep.build([table[:-(-(before[b] + 1) // block_size)]], [before[b]], [1], block_size)
+        assert torch.equal(CPUPagedAttention().forward(q[b:b + 1], k, v, alone), together[b:b + 1]), b
+
+
+@needs_kernel
 def test_mixed_step_decode_rows_and_prefill_chunks():
     """Decode rows go through the kernel and prefill chunks through the reference, in one
     step; every row must land where the reference puts it."""

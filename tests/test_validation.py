@@ -155,7 +155,7 @@ def test_device_and_dtype_are_honoured_by_the_engine():
     model, tokenizer = load_model("tiny-llama", device="cpu")          # our own copy: it is converted
     engine = LLMEngine(model, tokenizer, dtype="bfloat16", num_kv_blocks=16, block_size=4, device="cpu")
     assert engine.model.dtype == torch.bfloat16 and engine.kv_cache.k[0].dtype == torch.bfloat16
-    assert engine.stats()["attention_backend"] == "torch"              # the C kernel is float32 only
+    assert engine.stats()["attention_backend"] == "cpu-kernel"         # the C kernel reads bfloat16 caches too
     engine.add_request("a", [1000, 1001, 1002], GREEDY)
     assert len(run(engine)["a"].outputs[0].token_ids) == 6
 

@@ -32,7 +32,7 @@ def backend_names() -> tuple[str, ...]:
 
 def make_backend(name: str, device: torch.device, dtype: torch.dtype):
     """"auto": the Triton kernels on a CUDA GPU when triton imports; on CPU the in-place C
-    decode kernel for float32 when it builds; else the torch reference (same tokens either
+    decode kernel for float32 and bfloat16 when it builds; else the torch reference (same tokens either
     way; the kernels are faster). A backend that cannot run here says why (`unusable_reason`)."""
     device = torch.device(device)
     if name == "auto":
@@ -49,7 +49,7 @@ def auto_backend(device: torch.device, dtype: torch.dtype) -> str:
     if device.type == "cuda" and TritonPagedAttention.unusable_reason(device, dtype) is None \
             and not interpreter_on():
         return "triton"
-    fast = device.type == "cpu" and dtype == torch.float32 and kernel_available()
+    fast = device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and kernel_available()
     return "cpu-kernel" if fast else "torch"
 
 

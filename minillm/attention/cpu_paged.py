@@ -15,6 +15,10 @@ minillm cache and loaded with ctypes (`minillm/utils/c_kernels.py`); it is calle
 `torch.ops.minillm.paged_decode_attention`, whose CPU kernel is C++ where that builds
 (utils/native_ops.py: 4.9 vs 11.5 us a tiny call, quant/speed.py), else by ctypes. No compiler,
 or not float32 on CPU: the engine uses the torch reference, which gives the same tokens.
+
+A bfloat16 cache (`dtype="bfloat16"` on CPU) is read by the same loops, each block widened to
+float32 as it is read (`paged_attention_bf16`: half the bytes a step, and no gather); the query
+is widened and the output rounded back to bfloat16 around the call.
 """
 from __future__ import annotations
 
@@ -27,8 +31,10 @@ from .paged import TorchPagedAttention
 
 # paged_attention(q, k_cache, v_cache, block_tables, positions: pointers; num_tokens .. max_blocks:
 # six ints; scale, num_threads, out) -> nonzero when out of memory
+# paged_attention_bf16: the same arguments, the caches bfloat16.
 KERNEL = CKernel(Path(__file__).with_name("paged_attention.c"),
-                 {"paged_attention": ([PTR] * 5 + [INT] * 6 + [FLOAT, INT, PTR], INT)})
+                 {"paged_attention": ([PTR] * 5 + [INT] * 6 + [FLOAT, INT, PTR], INT),
+                  "paged_attention_bf16": ([PTR] * 5 + [INT] * 6 + [FLOAT, INT, PTR], INT)})
 __getattr__ = KERNEL.module_getattr(__name__)     # cpu_paged.load_error: why it did not build
 
 
@@ -43,8 +49,12 @@ def kernel_available() -> bool:
 
 def run_kernel(kernel, q, k_cache, v_cache, block_tables, positions) -> torch.Tensor:
     """Call the C kernel with ctypes (the op's fallback where its C++ wrapper is not built): one
-    query per row b, reading block-table row b up to positions[b]."""
-    q, tables, positions = q.contiguous(), block_tables.contiguous(), positions.contiguous()
+    query per row b, reading block-table row b up to positions[b]. A bfloat16 cache goes to
+    paged_attention_bf16, with q widened to float32 and the output rounded back."""
+    widen = k_cache.dtype == torch.bfloat16
+    if widen:
+        kernel = KERNEL.function("paged_attention_bf16")
+    q, tables, positions = q.float().contiguous(), block_tables.contiguous(), positions.contiguous()
     out = torch.empty_like(q)
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     failed = kernel(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
@@ -52,7 +62,7 @@ def run_kernel(kernel, q, k_cache, v_cache, block_tables, positions) -> torch.Te
                     tables.shape[1], head_dim ** -0.5, torch.get_num_threads(), out.data_ptr())
     if failed:
         raise MemoryError("paged attention kernel: out of memory for its score buffers")
-    return out
+    return out.bfloat16() if widen else out
 
 
 # The kernel as a torch op, `torch.ops.minillm.paged_decode_attention(q, k_cache, v_cache,
@@ -84,8 +94,10 @@ class CPUPagedAttention(TorchPagedAttention):
 
     @staticmethod
     def kernel_reads(q, k_cache, v_cache) -> bool:
-        """The kernel reads raw contiguous float32 CPU memory: anything else goes the reference way."""
-        return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in (q, k_cache, v_cache)) \
+        """The kernel reads raw contiguous float32 (or bfloat16: both caches and q) CPU memory:
+        anything else goes the reference way."""
+        return all(t.device.type == "cpu" for t in (q, k_cache, v_cache)) \
+            and q.dtype == k_cache.dtype == v_cache.dtype and q.dtype in (torch.float32, torch.bfloat16) \
             and k_cache.is_contiguous() and v_cache.is_contiguous()
 
     @classmethod
@@ -107,4 +119,6 @@ class CPUPagedAttention(TorchPagedAttention):
     def decode(self, q, k_cache, v_cache, block_tables, positions):
         if not self.kernel_reads(q, k_cache, v_cache):
             return super().decode(q, k_cache, v_cache, block_tables, positions)
+        if k_cache.dtype == torch.bfloat16:          # ctypes: the op and its C++ wrapper are float32
+            return run_kernel(self.kernel, q, k_cache, v_cache, block_tables, positions)
         return attend(q, k_cache, v_cache, block_tables, positions)
