@@ -14,7 +14,9 @@ the whole workload took 31-33 s in 8192-token steps and 29-30 s in 2048-token st
                                        [--against llama.cpp]
                                        [engine flags: --quantization int8, --max-num-seqs 32, ...]
 
-The model loads in float32 unless --dtype says otherwise (the ceiling is a float32 matmul).
+The model loads in float32 unless --dtype says otherwise; the ceiling is a matmul in that dtype
+(on a CPU with AMX, bfloat16's is several times float32's: `python -m minillm.bench.dtype_cost`
+says what bfloat16 costs in tokens).
 minillm's row is labelled by its weights' scheme (`minillm float32`, `minillm w4a8`, ...).
 
 `--against llama.cpp` also runs the same workload (same prompt tokens and output lengths,
@@ -124,12 +126,13 @@ def main(args) -> dict:
     if getattr(args, "skip_transformers", False):
         batch_sizes = []
     hf = transformers_twin(model).to(device) if batch_sizes else None
-    ceiling = matmul_flops_per_second(str(device))
+    dtype = next(model.parameters()).dtype                # bfloat16's matmuls have their own ceiling (AMX)
+    ceiling = matmul_flops_per_second(str(device), dtype=dtype)
     useful = workload_flops(model.config, workload)
     print(f"workload: {len(workload)} prompts, seed {args.seed}, prompt tokens "
           f"{sum(len(p) for p, _ in workload)}, output tokens {sum(n for _, n in workload)}, device {device}, "
           f"load/core at start {background_load():.2f}", flush=True)
-    print(f"compute ceiling (float32 matmul, measured now): {ceiling / 1e9:.0f} GFLOP/s; "
+    print(f"compute ceiling ({str(dtype).removeprefix('torch.')} matmul, measured now): {ceiling / 1e9:.0f} GFLOP/s; "
           f"useful work of the workload: {useful / 1e12:.2f} TFLOP", flush=True)
     options = dataclasses.asdict(config)
     print(f"minillm engine options (the rest EngineConfig's defaults): {engine_options(args)}", flush=True)
