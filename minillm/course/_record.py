@@ -7,8 +7,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 
 import pytest
+
+# Loaded before nbval (run_notebook.py's `-p` order): nbval imports nbformat, whose validator imports
+# jsonschema, which imports rfc3987_syntax where it is installed and builds its IRI grammar then
+# (~0.8 s of every graded notebook's run). No notebook schema has a format to check: go without it.
+sys.modules.setdefault("rfc3987_syntax", None)
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Failed|Interrupt|Exit|Iteration))\b:?\s?(.*)$")

@@ -66,7 +66,7 @@ def run_notebook(nb, timeout: float, env_path: str | None = None) -> tuple[dict[
         # the recording plugin, copied beside the notebook (the run's folder is on its sys.path) and
         # loaded by that name: as minillm.course._record it would import the package, torch included
         shutil.copyfile(Path(__file__).with_name("_record.py"), work / "minillm_grade_record.py")
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "nbval", "-p", "minillm_grade_record",
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "minillm_grade_record", "-p", "nbval",
                "-c", str(work / "pytest.ini"), "--rootdir", str(work), "--nbval-lax", "--nbval-current-env",
                f"--nbval-cell-timeout={max(1, int(timeout))}", str(path)]
         # in the grading sandbox (sandbox.py) when one was chosen: this folder its only writable one
