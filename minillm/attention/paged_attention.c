@@ -19,9 +19,11 @@
  * Built and loaded by cpu_paged.py; any C99 compiler, OpenMP optional.
  *
  * Why it is shaped this way (a batch of decodes reads every cached token once a step, so this is
- * a memory-bound loop; a single-thread A/B on the 2-core Xeon, 32 sequences of 256 tokens,
- * SmolLM2's 9 heads over 3 KV heads: 1.40 -> 1.03 ms a call, Llama-3.2-1B's 32 over 8 heads, 16
- * sequences of 512: 6.1 -> 3.5 ms):
+ * a memory-bound loop). A/B on the 2-core Xeon, 2 threads, 30 layers' caches so they come from
+ * DRAM as in a real step: 32 sequences of 256 tokens, SmolLM2's 9 heads over 3 KV heads, 1.94 ->
+ * 1.05 ms a call (6.5 -> 12 GB/s); Llama-3.2-1B's 32 over 8 heads, 16 sequences of 512, 5.7 -> 2.9
+ * ms. In the engine (`python -m minillm.bench.step_profile --batch 32 --context 256`): 54 -> 34 ms
+ * of a 120 -> 102 ms float32 step.
  *   - the next block's rows are prefetched while this one is read: blocks sit anywhere in the
  *     pool, so the hardware prefetcher loses the stream at every block edge (most of the gain);
  *   - keys go four at a time, four independent sums, so no dot waits on the one before;
@@ -29,6 +31,10 @@
  *     for all of them.
  * A head's sums do not depend on the batch, the threads or the other heads: a row's result is
  * the same alone or in any batch.
+ * Tried and not kept (same A/B): a vectorizable exp instead of expf (8 % slower), the next block's
+ * rows asked for a few at a time instead of all at once (5-10 % slower: perf puts the stall on the
+ * prefetches because the memory system is what is busy), a whole query per work item so each block
+ * is read front to back (8-12 % faster in a batch, but a second way to split the work).
  */
 #include <math.h>
 #include <stdint.h>
