@@ -14,7 +14,8 @@ The C file is compiled once with the system C compiler (`cc`, or $CC) into the
 minillm cache and loaded with ctypes (`minillm/utils/c_kernels.py`); it is called as the op
 `torch.ops.minillm.paged_decode_attention`, whose CPU kernel is C++ where that builds
 (utils/native_ops.py: 4.9 vs 11.5 us a tiny call, quant/speed.py), else by ctypes. No compiler,
-or not float32 on CPU: the engine uses the torch reference, which gives the same tokens.
+or neither float32 nor bfloat16 on CPU: the engine uses the torch reference, which gives the same
+tokens.
 
 A bfloat16 cache (`dtype="bfloat16"` on CPU) is read by the same loops, each block widened to
 float32 as it is read (`paged_attention_bf16`: half the bytes a step, and no gather); the query
