@@ -19,7 +19,8 @@
  * Built and loaded by cpu_paged.py; any C99 compiler, OpenMP optional.
  *
  * Why it is shaped this way (a batch of decodes reads every cached token once a step, so this is
- * a memory-bound loop). A/B on the 2-core Xeon, 2 threads, 30 layers' caches so they come from
+ * a memory-bound loop). A/B by a throwaway harness (both .so files called with ctypes, not kept),
+ * on the 2-core Xeon, 2 threads, 30 layers' caches so they come from
  * DRAM as in a real step: 32 sequences of 256 tokens, SmolLM2's 9 heads over 3 KV heads, 1.94 ->
  * 1.05 ms a call (6.5 -> 12 GB/s); Llama-3.2-1B's 32 over 8 heads, 16 sequences of 512, 5.7 -> 2.9
  * ms. In the engine (`python -m minillm.bench.step_profile --batch 32 --context 256`): 54 -> 34 ms
